@@ -1,0 +1,167 @@
+"""The todo board and its machine-readable forms (--json, --format todowrite).
+
+Reads plain rows; imports nothing heavy, so `orch status` starts fast.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from .durations import format_duration
+from .findings import Finding
+from .status import TODOWRITE, Status
+
+STATUS_SCHEMA = "orch.status/v1"
+
+MARKS = {
+    Status.COMPLETED: ("✓", "32"), Status.FAILED: ("✗", "31"), Status.IN_PROGRESS: ("▶", "36"),
+    Status.PENDING: ("○", "2"), Status.SKIPPED: ("–", "2"), Status.BLOCKED: ("⊘", "33"),
+    Status.INTERRUPTED: ("!", "35"),
+}
+PRIORITY = {"high": "high", "medium": "med", "low": "low"}
+
+
+class Painter:
+    """ANSI colour when wanted; plain text under NO_COLOR or when not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled and text else text
+
+
+def iso(ts: float | None) -> str | None:
+    return None if ts is None else datetime.fromtimestamp(ts).astimezone().isoformat(
+        timespec="seconds")
+
+
+def duration_of(row: sqlite3.Row) -> float | None:
+    """Seconds the latest attempt took; None while it runs or if it never ran."""
+    if row["started_at"] is None or row["ended_at"] is None:
+        return None
+    return max(0.0, float(row["ended_at"] - row["started_at"]))
+
+
+def summarize(findings: Sequence[Finding]) -> str:
+    """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
+    parts = []
+    for f in findings:
+        value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
+        text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
+        parts.append(f"{text} ({f.note})" if f.note else text)
+    return ", ".join(parts)
+
+
+def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
+    out = {str(s): 0 for s in Status}
+    for r in rows:
+        out[r["status"]] += 1
+    return out
+
+
+def render_board(
+    plan_name: str, store_path: str, rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]], run: sqlite3.Row | None,
+    stale: Mapping[str, Sequence[str]] | None = None, color: bool = False,
+    width: int | None = None,
+) -> str:
+    paint = Painter(color)
+    width = width or shutil.get_terminal_size((100, 24)).columns
+    stale = stale or {}
+    lines = [paint(_headline(plan_name, store_path, run), "1")]
+    id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
+    title_w = min(max((len(r["title"]) for r in rows), default=5), 36)
+    for r in rows:
+        status = Status(r["status"])
+        mark, code = MARKS[status]
+        took = format_duration(duration_of(r))
+        tries = f"{r['attempts']}×" if r["attempts"] > 1 else ""
+        if status is Status.COMPLETED and r["id"] in stale:
+            extra = "stale: " + "; ".join(stale[r["id"]])
+        elif status in (Status.COMPLETED, Status.IN_PROGRESS):
+            extra = summarize(findings.get(r["id"], []))
+        else:
+            extra = r["reason"] or ""
+        head = (f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
+                f"{_fit(r['title'], title_w):<{title_w}}  {took:>6} {tries:>3}  ")
+        line = head + _fit(extra, max(width - len(head), 10))
+        lines.append(paint(line[:3], code) + line[3:])
+    total = counts(rows)
+    parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
+    lines.append(f"{len(rows)} tasks: " + " · ".join(parts) if rows else "no tasks")
+    for r in rows:
+        if r["status"] in (Status.FAILED, Status.INTERRUPTED) and r["last_error"] is not None:
+            lines.append(paint(f"{r['id']} {r['status']}: {r['last_error']}", "31"))
+            lines += [f"    | {ln}"[:width] for ln in (r["output_tail"] or "").splitlines()[-8:]]
+            lines.append(f"    full log: orch logs {r['id']}")
+    return "\n".join(lines)
+
+
+def _headline(plan_name: str, store_path: str, run: sqlite3.Row | None) -> str:
+    if run is None:
+        return f"{plan_name} · never run · {store_path}"
+    started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M")
+    if run["ended_at"] is None:
+        state = f"running since {started} (pid {run['pid']})"
+    else:
+        took = format_duration(run["ended_at"] - run["started_at"])
+        state = f"{run['outcome']} {started} ({took})"
+    return f"{plan_name} · run #{run['id']} {state} · {store_path}"
+
+
+def _fit(text: str, width: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def status_json(
+    plan_name: str, store_path: str, rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]], run: sqlite3.Row | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """The documented `orch status --json` object (schema orch.status/v1, see README)."""
+    stale = stale or {}
+    return {
+        "schema": STATUS_SCHEMA,
+        "plan": plan_name,
+        "store": store_path,
+        "run": None if run is None else {
+            "id": run["id"], "started_at": iso(run["started_at"]),
+            "ended_at": iso(run["ended_at"]), "outcome": run["outcome"], "pid": run["pid"],
+            "host": run["host"],
+        },
+        "summary": {"total": len(rows), **counts(rows)},
+        "tasks": [
+            {
+                "id": r["id"], "title": r["title"], "priority": r["priority"], "kind": r["kind"],
+                "status": r["status"], "reason": r["reason"], "attempts": r["attempts"],
+                "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"]),
+                "duration_s": duration_of(r), "last_error": r["last_error"],
+                "output_tail": r["output_tail"], "log_path": r["log_path"],
+                "stale": list(stale[r["id"]]) if r["id"] in stale else None,
+                "findings": [
+                    {"key": f.key, "value": f.value, "unit": f.unit, "note": f.note}
+                    for f in findings.get(r["id"], [])
+                ],
+            }
+            for r in rows
+        ],
+    }
+
+
+def todowrite(rows: Sequence[sqlite3.Row], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
+    """Exactly the todowrite tool's input: {"todos": [{"content", "status", "priority"}]}."""
+    todos = []
+    for r in rows:
+        status = Status(r["status"])
+        note = summarize(findings.get(r["id"], []))
+        if status in (Status.FAILED, Status.BLOCKED, Status.INTERRUPTED):
+            note = f"{status}: {r['reason'] or r['last_error'] or ''}".rstrip(": ")
+        content = f"{r['title']} ({note})" if note else r["title"]
+        todos.append({"content": content, "status": TODOWRITE[status], "priority": r["priority"]})
+    return {"todos": todos}

@@ -1,0 +1,147 @@
+"""The engine's generic kinds: `shell` and `python` tasks, the `command` precondition."""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import signal
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import cache
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .errors import TaskError, TaskTimeout
+from .findings import Finding
+from .task import CheckResult, Context, Precondition, Task
+
+
+class ShellParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: str | list[str] = Field(
+        description="a string run by `bash -c` (with pipefail), or an argv list run directly"
+    )
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    success_codes: list[int] = [0]
+    grace: float = Field(10.0, description="seconds between SIGTERM and SIGKILL")
+
+
+class ShellTask(Task[ShellParams]):
+    """Run a command; lines `::finding key=value unit=...` it prints become findings."""
+
+    Params = ShellParams
+    shell_params = frozenset({"command"})
+
+    def run(self, ctx: Context) -> None:
+        p = self.params
+        argv = (
+            ["bash", "-o", "pipefail", "-c", p.command] if isinstance(p.command, str) else p.command
+        )
+        ctx.run(argv, env=p.env, cwd=p.cwd, success_codes=p.success_codes, grace=p.grace)
+
+
+class PythonParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    function: str = Field(description="module:function, called with `args` as keywords")
+    args: dict[str, Any] = {}
+
+
+class PythonTask(Task[PythonParams]):
+    """Call a Python function in-process.
+
+    It may accept a `ctx` keyword to record findings. What it returns is recorded too: a dict
+    as one finding per key, a number or a string as the finding `result`. The timeout is
+    enforced with SIGALRM, so it interrupts Python code but not a blocking C call.
+    """
+
+    Params = PythonParams
+
+    def run(self, ctx: Context) -> None:
+        func = _load_function(self.params.function)
+        kwargs = dict(self.params.args)
+        if _accepts_ctx(func):
+            kwargs["ctx"] = ctx
+        with _alarm(ctx.remaining()):
+            result = func(**kwargs)
+        for finding in _findings_from(result):
+            ctx.finding(finding.key, finding.value, finding.unit, finding.note)
+
+
+def _load_function(target: str) -> Callable[..., Any]:
+    module_name, _, name = target.partition(":")
+    try:
+        func = getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as exc:
+        raise TaskError(f"cannot load {target!r}: {exc}") from None
+    if not callable(func):
+        raise TaskError(f"{target!r} is not callable")
+    return func  # type: ignore[no-any-return]
+
+
+@cache
+def _accepts_ctx(func: Callable[..., Any]) -> bool:
+    try:
+        return "ctx" in inspect.signature(func).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def _findings_from(result: object) -> Iterator[Finding]:
+    if isinstance(result, dict):
+        for key, value in result.items():
+            if isinstance(value, int | float | str | bool):
+                yield Finding(str(key), value)
+    elif isinstance(result, int | float | str | bool):
+        yield Finding("result", result)
+
+
+@contextmanager
+def _alarm(seconds: float | None) -> Iterator[None]:
+    if seconds is None:
+        yield
+        return
+
+    def expire(signum: int, frame: object) -> None:
+        raise TaskTimeout(f"timed out after {seconds:.0f}s")
+
+    previous = signal.signal(signal.SIGALRM, expire)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+class CommandParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    command: str = Field(description="run by `bash -c`; exit 0 means the condition holds")
+    timeout: float = 60.0
+
+
+class CommandSucceeds(Precondition[CommandParams]):
+    """Holds when a shell command exits 0."""
+
+    Params = CommandParams
+    shell_params = frozenset({"command"})
+
+    def check(self) -> CheckResult:
+        try:
+            proc = subprocess.run(
+                ["bash", "-o", "pipefail", "-c", self.params.command],
+                capture_output=True, text=True, timeout=self.params.timeout,
+                stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        except subprocess.TimeoutExpired:
+            return CheckResult(False, f"`{self.params.command}` did not finish in "
+                                      f"{self.params.timeout:.0f}s")
+        out = (proc.stdout + proc.stderr).strip().splitlines()
+        said = f": {out[-1][:200]}" if out else ""
+        return CheckResult(proc.returncode == 0,
+                           f"`{self.params.command}` exited {proc.returncode}{said}")

@@ -1,0 +1,410 @@
+"""`orch`: run a plan, show its todo board, explain what a run would do.
+
+Only click is imported at start-up; each command imports what it needs, so that
+`orch status` starts in a few tens of milliseconds (bench/bench_engine.py measures it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import click
+
+from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OrchError, PlanError, UsageError
+
+if TYPE_CHECKING:
+    from .plan import Plan
+    from .store import Store
+
+STORE_HELP = "SQLite store (default: .orch/<plan name>.db beside the plan; env ORCH_STORE)."
+store_option = click.option("--store", "store_opt", envvar="ORCH_STORE", metavar="PATH",
+                            help=STORE_HELP)
+json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+plan_argument = click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(package_name="orch")
+def cli() -> None:
+    """Run ML-infrastructure runbooks as resumable plans with a durable todo record.
+
+    A plan is a YAML file of dependency-ordered tasks; every status change and finding goes to
+    a SQLite store, so running the plan again resumes where it stopped.
+
+    \b
+    Example:
+      orch validate plans/demo.yaml
+      orch run plans/demo.yaml
+      orch status plans/demo.yaml
+    """
+
+
+# --- run -------------------------------------------------------------------------------------
+
+
+@cli.command()
+@plan_argument
+@store_option
+@click.option("--keep-going", "-k", is_flag=True,
+              help="After a failure, still run what does not depend on it.")
+@click.option("--rerun", multiple=True, metavar="ID",
+              help="Run ID again, and everything that depends on it. Repeatable.")
+@click.option("--from", "from_task", metavar="ID",
+              help="Run ID and every task after it in plan order, even if completed.")
+@click.option("--only", multiple=True, metavar="ID",
+              help="Run only ID (its needs must be completed). Repeatable.")
+@click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE",
+              help="Override a var of the plan (value read as YAML). Repeatable.")
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
+@json_option
+def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[str, ...],
+        from_task: str | None, only: tuple[str, ...], var_args: tuple[str, ...], quiet: bool,
+        as_json: bool) -> None:
+    """Run PLAN, resuming after what already completed.
+
+    Completed tasks whose spec is unchanged are not run again; failed, blocked and interrupted
+    ones are. A completed task whose spec changed is reported as stale and kept: re-run it
+    with --rerun. Exit status: 0 all done, 1 a task failed or is blocked, 2 bad plan or usage,
+    3 the store is in use by another live run, 130 interrupted.
+
+    \b
+    Example:
+      orch run plans/demo.yaml
+      orch run plans/demo.yaml --rerun build --var size=large
+    """
+    import signal
+
+    from .errors import Interrupted
+    from .executor import RunOptions, execute
+
+    plan = _load(plan_file, var_args)
+    path = _store_path(store_opt, plan)
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
+    signal.signal(signal.SIGHUP, interrupt)
+    options = RunOptions(keep_going, rerun, from_task, only, "warning" if quiet or as_json
+                         else "info")
+    try:
+        result = execute(plan, path, options)
+    except KeyboardInterrupt:
+        _show_status(path, plan, as_json, stream=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    _show_status(path, plan, as_json, stale=result.stale)
+    sys.exit(result.exit_code)
+
+
+# --- status ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
+@store_option
+@json_option
+@click.option("--format", "fmt", type=click.Choice(["board", "json", "todowrite"]),
+              default="board", show_default=True, help="todowrite: the agent todo-list schema.")
+def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str) -> None:
+    """Show the todo board: one line per task with its findings.
+
+    With PLAN, completed tasks whose spec has changed since they ran are marked stale.
+    Without it, the store comes from --store, ORCH_STORE, or the one .orch/*.db found here.
+    A run whose orchestrator died is closed and its task marked interrupted.
+
+    \b
+    Example:
+      orch status plans/demo.yaml
+      orch status --format todowrite
+    """
+    plan = _load(plan_file, ()) if plan_file else None
+    path = _store_path(store_opt, plan)
+    _show_status(path, plan, as_json or fmt == "json", todowrite=fmt == "todowrite")
+
+
+def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool = False,
+                 stale: dict[str, Any] | None = None, stream: Any = None) -> None:
+    from . import board
+    from .terminal import use_color
+
+    stream = stream or sys.stdout
+    store = _open_store(path)
+    try:
+        _close_dead_runs_if_free(store)
+        rows, findings = store.todos(), store.findings()
+        runs = store.runs(1)
+        run = runs[0] if runs else None
+        name = store.plan_name() or (plan.name if plan else path.stem)
+        if stale is None and plan is not None:
+            stale = _stale_of(plan, rows)
+    finally:
+        store.close()
+    if todowrite:
+        click.echo(json.dumps(board.todowrite(rows, findings), indent=2), file=stream)
+    elif as_json:
+        click.echo(json.dumps(board.status_json(name, str(path), rows, findings, run, stale),
+                              indent=2), file=stream)
+    else:
+        click.echo(board.render_board(name, str(path), rows, findings, run, stale,
+                                      color=use_color(stream)), file=stream)
+
+
+def _close_dead_runs_if_free(store: Store) -> None:
+    """If no run holds the lock, open runs are dead: record that (and interrupted tasks)."""
+    if not any(True for _ in store.open_runs()):
+        return
+    from .liveness import death_of
+    from .lock import RunLock
+
+    lock = RunLock(store.path)
+    if not lock.try_probe():
+        return
+    for run in store.open_runs():
+        why = death_of(run)
+        if why is not None:
+            store.mark_dead_run(run, why)
+
+
+def _stale_of(plan: Plan, rows: Any) -> dict[str, Any]:
+    from .selection import Action, Selection, decide
+    from .status import Status
+
+    statuses = {r["id"]: Status(r["status"]) for r in rows}
+    by_id = {r["id"]: r for r in rows}
+    selection = Selection.of(plan)
+    stale = {}
+    for task in plan.tasks:
+        d = decide(task, by_id.get(task.id), selection, statuses)
+        if d.action is Action.KEEP and d.stale:
+            stale[task.id] = d.stale
+    return stale
+
+
+# --- validate / plan -------------------------------------------------------------------------
+
+
+@cli.command()
+@plan_argument
+@json_option
+def validate(plan_file: Path, as_json: bool) -> None:
+    """Check PLAN completely without touching the host; list every problem with its line.
+
+    \b
+    Example:
+      orch validate plans/sglang_migration.yaml
+    """
+    from .plan import load_plan
+
+    try:
+        plan = load_plan(plan_file)
+    except PlanError as exc:
+        if as_json:
+            click.echo(json.dumps({"ok": False, "errors": [
+                {"file": i.file, "line": i.line, "message": i.message} for i in exc.issues]},
+                indent=2))
+            sys.exit(EXIT_USAGE)
+        raise
+    if as_json:
+        click.echo(json.dumps({"ok": True, "plan": plan.name, "tasks": [
+            {"id": t.id, "kind": t.spec.kind, "needs": t.spec.needs} for t in plan.tasks]},
+            indent=2))
+    else:
+        kinds = sorted({t.spec.kind for t in plan.tasks})
+        click.echo(f"{plan_file}: ok, plan {plan.name!r} with {len(plan.tasks)} tasks "
+                   f"({', '.join(kinds)})")
+
+
+@cli.command("plan")
+@plan_argument
+@store_option
+@click.option("--rerun", multiple=True, metavar="ID", help="As for `orch run`.")
+@click.option("--from", "from_task", metavar="ID", help="As for `orch run`.")
+@click.option("--only", multiple=True, metavar="ID", help="As for `orch run`.")
+@click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE", help="As for `orch run`.")
+@json_option
+def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
+             from_task: str | None, only: tuple[str, ...], var_args: tuple[str, ...],
+             as_json: bool) -> None:
+    """Dry run: what `orch run` would run, skip, or find stale, and why. Changes nothing.
+
+    \b
+    Example:
+      orch plan plans/demo.yaml --rerun build
+    """
+    from .dryrun import dry_run
+
+    plan = _load(plan_file, var_args)
+    path = _store_path(store_opt, plan)
+    store = _open_store(path) if path.exists() else None
+    try:
+        steps = dry_run(plan, store, rerun, from_task, only)
+    finally:
+        if store is not None:
+            store.close()
+    if as_json:
+        click.echo(json.dumps({"plan": plan.name, "store": str(path), "steps": steps}, indent=2))
+        return
+    id_w = max(len(s["id"]) for s in steps)
+    for s in steps:
+        click.echo(f"  {s['action']:<8} {s['id']:<{id_w}}  {s['reason']}")
+        for change in s["changed"]:
+            click.echo(f"  {'':<8} {'':<{id_w}}    changed: {change}")
+
+
+# --- logs / history --------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("task_id", metavar="ID")
+@click.option("--plan", "plan_file", type=click.Path(path_type=Path), help="The plan (to find "
+              "its store).")
+@store_option
+@click.option("--run", "run_id", type=int, help="The log of that run (default: the latest).")
+@click.option("--lines", "-n", type=int, help="Only the last N lines.")
+@click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
+def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: int | None,
+         lines: int | None, path_only: bool) -> None:
+    """Print the output a task's processes wrote (its latest attempt, or of --run N).
+
+    \b
+    Example:
+      orch logs install_sglang -n 50
+    """
+    from .executor import runs_dir
+
+    plan = _load(plan_file, ()) if plan_file else None
+    path = _store_path(store_opt, plan)
+    store = _open_store(path)
+    try:
+        row = next((r for r in store.todos(True) if r["id"] == task_id), None)
+    finally:
+        store.close()
+    if row is None:
+        raise UsageError(f"no task {task_id!r} in {path}")
+    log = (runs_dir(path) / str(run_id) / f"{task_id}.log") if run_id else (
+        Path(row["log_path"]) if row["log_path"] else None)
+    if log is None or not log.exists():
+        click.echo(f"no output recorded for {task_id}" + (f" in run {run_id}" if run_id else ""),
+                   err=True)
+        sys.exit(1)
+    if path_only:
+        click.echo(str(log))
+        return
+    with log.open("rb") as f:
+        data = f.read().decode("utf-8", "replace")
+    out = data.splitlines()[-lines:] if lines else data.splitlines()
+    click.echo("\n".join(out))
+
+
+@cli.command()
+@click.option("--plan", "plan_file", type=click.Path(path_type=Path),
+              help="The plan (to find its store).")
+@store_option
+@click.option("--task", "task_id", metavar="ID", help="The status transitions of one task.")
+@click.option("--transitions", is_flag=True, help="Every status transition, oldest first.")
+@click.option("--limit", default=20, show_default=True, help="How many rows.")
+@json_option
+def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
+            transitions: bool, limit: int, as_json: bool) -> None:
+    """List past runs, or the status transitions of the plan or of one task.
+
+    \b
+    Example:
+      orch history
+      orch history --task install_sglang
+    """
+    from .board import iso
+
+    plan = _load(plan_file, ()) if plan_file else None
+    path = _store_path(store_opt, plan)
+    store = _open_store(path)
+    try:
+        if task_id or transitions:
+            rows = [dict(r) for r in store.transitions(task_id, limit)]
+            for r in rows:
+                r["at"] = iso(r["at"])
+            if as_json:
+                click.echo(json.dumps({"transitions": rows}, indent=2))
+            for r in [] if as_json else rows:
+                click.echo(f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
+                           f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} "
+                           f"{r['reason'] or ''}")
+            return
+        runs = [dict(r) for r in store.runs(limit)]
+    finally:
+        store.close()
+    for r in runs:
+        r["started_at"], r["ended_at"] = iso(r["started_at"]), iso(r["ended_at"])
+    if as_json:
+        click.echo(json.dumps({"runs": runs}, indent=2))
+        return
+    for r in runs:
+        click.echo(f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
+                   f"pid {r['pid']}@{r['host']}  {r['argv']}")
+
+
+# --- shared ----------------------------------------------------------------------------------
+
+
+def _load(plan_file: Path, var_args: tuple[str, ...]) -> Plan:
+    from .plan import load_plan, parse_var
+
+    try:
+        overrides = dict(parse_var(v) for v in var_args)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return load_plan(plan_file, overrides)
+
+
+def _store_path(store_opt: str | None, plan: Plan | None) -> Path:
+    """--store / ORCH_STORE, else beside the plan, else the single .orch/*.db around here."""
+    if store_opt:
+        return Path(store_opt)
+    if plan is not None:
+        return plan.file.parent / ".orch" / f"{plan.name}.db"
+    found = sorted({*Path.cwd().glob(".orch/*.db"), *Path.cwd().glob("*/.orch/*.db")})
+    if len(found) == 1:
+        return found[0].relative_to(Path.cwd())
+    if not found:
+        raise UsageError("no store found here: give the PLAN, --store PATH or ORCH_STORE")
+    listing = ", ".join(str(p.relative_to(Path.cwd())) for p in found)
+    raise UsageError(f"several stores here ({listing}): choose one with PLAN or --store")
+
+
+def _open_store(path: Path) -> Store:
+    from .store import Store
+
+    return Store.open(path, create=False)
+
+
+def main() -> NoReturn:
+    """Console entry point: user errors become one clear message and an exit code."""
+    try:
+        cli.main(standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        sys.exit(exc.exit_code)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(EXIT_USAGE)
+    except click.exceptions.Abort:
+        sys.exit(EXIT_INTERRUPTED)
+    except PlanError as exc:
+        for issue in exc.issues:
+            click.echo(f"{issue}", err=True)
+        n = len(exc.issues)
+        click.echo(f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run",
+                   err=True)
+        sys.exit(exc.exit_code)
+    except OrchError as exc:
+        click.echo(f"orch: {exc}", err=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_OK)
+    sys.exit(EXIT_OK)

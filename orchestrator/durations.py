@@ -1,0 +1,42 @@
+"""Durations as plans write them: `30m`, `1h30m`, `10s`, `500ms`, or a number of seconds."""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
+
+
+def parse_duration(value: object) -> float:
+    """Seconds from a duration; ValueError with a plain sentence when it is not one."""
+    if isinstance(value, bool):
+        raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
+    if isinstance(value, int | float):
+        seconds = float(value)
+    elif isinstance(value, str):
+        text = value.strip().replace(" ", "")
+        parts = _PART.findall(text)
+        if not text or "".join(n + u for n, u in parts) != text:
+            raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
+        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+    else:
+        raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
+    if seconds < 0:
+        raise ValueError(f"{value!r} is negative")
+    return seconds
+
+
+def format_duration(seconds: float | None) -> str:
+    """Short human form for the board: 0.4s, 12s, 3m05s, 1h02m."""
+    if seconds is None:
+        return ""
+    if seconds < 10:
+        return f"{seconds:.1f}s"
+    if seconds < 60:
+        return f"{seconds:.0f}s"
+    minutes, secs = divmod(int(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"

@@ -1,0 +1,75 @@
+"""One error hierarchy; each error knows the exit code the CLI turns it into.
+
+Leaf module: imports nothing from the project.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EXIT_OK = 0
+EXIT_FAILED = 1  # a task failed or is blocked
+EXIT_USAGE = 2  # bad plan or bad usage
+EXIT_LOCKED = 3  # another live `orch run` holds the store
+EXIT_INTERRUPTED = 130  # Ctrl-C / SIGTERM, as a shell reports SIGINT
+
+
+class OrchError(Exception):
+    """Base of every error the CLI reports without a traceback."""
+
+    exit_code = EXIT_USAGE
+
+
+@dataclass(frozen=True)
+class PlanIssue:
+    """One problem in a plan file, located for the user."""
+
+    file: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return f"{where}: {self.message}"
+
+
+class PlanError(OrchError):
+    """A plan failed to load or validate; carries every problem found, not just the first."""
+
+    def __init__(self, issues: list[PlanIssue]) -> None:
+        self.issues = sorted(issues, key=lambda i: (i.file, i.line or 0))
+        super().__init__("\n".join(str(i) for i in self.issues))
+
+
+class UsageError(OrchError):
+    """The command line asks for something impossible (unknown task id, no store found, ...)."""
+
+
+class StoreLocked(OrchError):
+    """Another live orchestrator holds the store."""
+
+    exit_code = EXIT_LOCKED
+
+
+class StoreError(OrchError):
+    """The store cannot be used (different plan, newer schema, corrupt)."""
+
+
+class TaskError(Exception):
+    """Raised by a task (or a precondition) to fail with a plain message and no traceback."""
+
+
+class TaskTimeout(TaskError):
+    """The task ran past its `timeout`."""
+
+
+class TemplateError(TaskError):
+    """A `${...}` reference could not be resolved when the task started."""
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, handled like Ctrl-C: end the running group, record, exit 130."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name

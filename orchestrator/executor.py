@@ -1,0 +1,317 @@
+"""Runs a plan: for each ready task, when -> preconditions -> in_progress -> run -> record.
+
+Every status change is committed (store.transition) before the side effect that follows it.
+Tasks run one at a time today, but readiness comes from graphlib's get_ready/done protocol
+and each task's state lives in the store, so a worker pool can replace the inner loop.
+"""
+
+from __future__ import annotations
+
+import graphlib
+import json
+import shlex
+import sys
+import time
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from . import runlog
+from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
+from .findings import Finding
+from .liveness import current_identity, death_of
+from .lock import RunLock
+from .plan import Plan, PlannedCheck, PlannedTask
+from .process import tail, terminate_group
+from .selection import Action, Selection, decide
+from .status import Status
+from .store import Store, TodoSpec
+from .task import Context
+from .templating import Ref, evaluate_when, resolve
+
+PROCESS_MARKER = "ORCH_TASK"  # env var naming run:task:attempt in every process a task starts
+OUTPUT_TAIL_LINES = 20
+
+
+@dataclass
+class RunOptions:
+    keep_going: bool = False
+    rerun: Sequence[str] = ()
+    from_task: str | None = None
+    only: Sequence[str] = ()
+    console_level: str = "info"
+    argv: Sequence[str] = field(default_factory=lambda: sys.argv)
+
+
+@dataclass
+class RunResult:
+    run_id: int
+    outcome: str  # completed | failed | interrupted
+    exit_code: int
+    stale: dict[str, tuple[str, ...]]
+
+
+def runs_dir(store_path: Path) -> Path:
+    """Logs live beside the store: `.orch/<plan>.runs/<run id>/`."""
+    return store_path.with_name(store_path.stem + ".runs")
+
+
+def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
+    """Run `plan` against the store at `store_path`; the whole life of one `orch run`."""
+    selection = Selection.of(plan, options.rerun, options.from_task, options.only)
+    store = Store.open(store_path)
+    lock = RunLock(store_path)
+    events = None
+    try:
+        who = current_identity()
+        lock.acquire({"pid": who.pid, "host": who.host, "argv": shlex.join(options.argv)})
+        store.bind_plan(plan.name)
+        dead = _close_dead_runs(store)
+        run_id = store.next_run_id()
+        log_dir = runs_dir(store_path) / str(run_id)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        events = runlog.configure(log_dir / "events.jsonl", options.console_level)
+        run_id = store.begin_run(who, str(plan.file), shlex.join(options.argv), log_dir)
+        lock.note_run(run_id)
+        log = structlog.get_logger().bind(run=run_id)
+        for why in dead:
+            log.warning("recovered", why=why)
+        store.sync_plan(_todo_specs(plan), run_id)
+        return Runner(plan, store, run_id, log_dir, selection, options, log).run()
+    finally:
+        lock.release()
+        store.close()
+        if events is not None:
+            events.close()
+
+
+def _close_dead_runs(store: Store) -> list[str]:
+    """We hold the lock, so no run recorded as open is alive: close each, saying why."""
+    notes = []
+    for run in store.open_runs():
+        why = death_of(run) or f"orchestrator pid {run['pid']} (run #{run['id']}) ended unrecorded"
+        for task_id in store.mark_dead_run(run, why):
+            notes.append(f"{task_id}: interrupted ({why})")
+    return notes
+
+
+def _todo_specs(plan: Plan) -> list[TodoSpec]:
+    return [TodoSpec(t.id, t.position, t.title, t.spec.priority, t.spec.kind, t.spec.needs,
+                     t.spec_hash, t.fingerprint) for t in plan.tasks]
+
+
+class Runner:
+    def __init__(
+        self, plan: Plan, store: Store, run_id: int, log_dir: Path, selection: Selection,
+        options: RunOptions, log: Any,
+    ) -> None:
+        self.plan, self.store, self.run_id, self.log_dir = plan, store, run_id, log_dir
+        self.selection, self.options, self.log = selection, options, log
+        self.rows = {r["id"]: r for r in store.todos()}
+        self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+        self.stopped_by: str | None = None  # the failure after which nothing new starts
+        self.stale: dict[str, tuple[str, ...]] = {}
+
+    def run(self) -> RunResult:
+        sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in self.plan.tasks})
+        sorter.prepare()
+        try:
+            while sorter.is_active():
+                ready = sorted(sorter.get_ready(), key=lambda i: self.plan.by_id[i].position)
+                for task_id in ready:
+                    self.visit(self.plan.by_id[task_id])
+                    sorter.done(task_id)
+        except KeyboardInterrupt as exc:
+            self.store.end_run(self.run_id, "interrupted")
+            self.log.error("run.interrupted", by=_signal_name(exc))
+            raise
+        in_scope = [self.statuses[i] for i in self.selection.scope]
+        ok = all(s.done for s in in_scope)
+        outcome = "completed" if ok else "failed"
+        self.store.end_run(self.run_id, outcome)
+        return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
+
+    # --- one task ------------------------------------------------------------------------------
+
+    def visit(self, task: PlannedTask) -> None:
+        decision = decide(task, self.rows.get(task.id), self.selection, self.statuses)
+        if decision.action is Action.KEEP:
+            if decision.stale:
+                self.stale[task.id] = decision.stale
+                self.log.warning("task.stale", task=task.id, changed="; ".join(decision.stale),
+                                 hint=f"orch run --rerun {task.id}")
+            return
+        if decision.action in (Action.OUT_OF_SCOPE, Action.WAIT):
+            return
+        if decision.action is Action.BLOCK:
+            return self.settle(task, Status.BLOCKED, decision.reason)
+        if self.stopped_by is not None:
+            return  # fail fast: nothing new starts; the task stays as it was
+        try:
+            if not evaluate_when(task.spec.when, self.lookup):
+                return self.settle(task, Status.SKIPPED, f"when {task.spec.when!r} is false")
+            problem = self.check_preconditions(task)
+        except TemplateError as exc:
+            return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
+        if problem is not None:
+            return self.settle(task, Status.BLOCKED, problem, last_error=problem)
+        self.end_leftovers(task)
+        for attempt in range(1, task.spec.retries.attempts + 1):
+            if self.attempt(task, attempt):
+                return
+            if attempt < task.spec.retries.attempts:
+                self.log.info("task.retry", task=task.id, attempt=attempt + 1,
+                              delay=task.spec.retries.delay)
+                time.sleep(task.spec.retries.delay)
+
+    def attempt(self, task: PlannedTask, attempt: int) -> bool:
+        """One try; True if it completed."""
+        findings: list[Finding] = []
+        log_path = self.log_dir / f"{task.id}.log"
+        try:
+            params = task.cls.Params.model_validate(self.resolve_params(task.cls, task.spec.params))
+        except Exception as exc:  # TemplateError, or a finding of the wrong type
+            self.settle(task, Status.FAILED, f"params: {exc}", last_error=f"params: {exc}")
+            return False
+        started = time.time()
+        number = self.store.transition(
+            task.id, Status.IN_PROGRESS, f"attempt {attempt}/{task.spec.retries.attempts}",
+            self.run_id, spec_hash=task.spec_hash, spec=json.dumps(task.fingerprint),
+            started_at=started, ended_at=None, last_error=None, output_tail=None,
+            log_path=str(log_path), pgid=None, pgid_started_at=None,
+        )
+        self.statuses[task.id] = Status.IN_PROGRESS
+        self.log.info("task.started", task=task.id, title=task.title)
+        timeout = task.spec.timeout
+        ctx = Context(
+            task.id, number, self.run_id, log_path,
+            None if timeout is None else time.monotonic() + timeout,
+            _Sink(self, task.id, findings),
+            {PROCESS_MARKER: f"{self.run_id}:{task.id}:{number}"},
+        )
+        try:
+            task.cls(params).run(ctx)
+        except KeyboardInterrupt as exc:
+            self.settle(task, Status.INTERRUPTED, f"stopped by {_signal_name(exc)}",
+                        findings, ended_at=time.time())
+            raise
+        except TaskError as exc:
+            error = str(exc)
+        except Exception as exc:  # a bug in a task class fails the task, not the run
+            error = f"{type(exc).__name__}: {exc}"
+            with log_path.open("a") as f:
+                f.write(traceback.format_exc())
+        else:
+            duration = time.time() - started
+            self.settle(task, Status.COMPLETED, None, findings, ended_at=time.time())
+            self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s",
+                          **{f.key: _show(f) for f in findings[:6]})
+            return True
+        output = "\n".join(tail(log_path, OUTPUT_TAIL_LINES))
+        self.settle(task, Status.FAILED, error, findings, last_error=error,
+                    output_tail=output or None, ended_at=time.time())
+        return False
+
+    def settle(
+        self, task: PlannedTask, to: Status, reason: str | None, findings: Sequence[Finding] = (),
+        **fields: Any,
+    ) -> None:
+        """Record a task's new status (committed), and react: log it, stop after a failure."""
+        self.store.transition(task.id, to, reason, self.run_id, findings, **fields)
+        self.statuses[task.id] = to
+        if to is Status.COMPLETED or to is Status.INTERRUPTED:
+            return
+        event = {Status.SKIPPED: "task.skipped", Status.BLOCKED: "task.blocked",
+                 Status.FAILED: "task.failed"}[to]
+        (self.log.info if to is Status.SKIPPED else self.log.error)(event, task=task.id,
+                                                                    why=reason)
+        if to in (Status.FAILED, Status.BLOCKED) and not self.options.keep_going:
+            self.stopped_by = self.stopped_by or task.id
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def lookup(self, ref: Ref) -> Any:
+        """The value of a ${...} reference, now."""
+        if ref.task is None:
+            return self.plan.vars[ref.name]
+        found = self.store.finding(ref.task, ref.name)
+        if found is None:
+            have = ", ".join(sorted(f.key for f in self.store.findings().get(ref.task, [])))
+            raise TemplateError(f"${{{ref}}}: task {ref.task!r} recorded no finding "
+                                f"{ref.name!r} (it has: {have or 'none'})")
+        return found.value
+
+    def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
+        return {k: resolve(v, self.lookup, quote=k in cls.shell_params) for k, v in params.items()}
+
+    def check_preconditions(self, task: PlannedTask) -> str | None:
+        """None if every precondition holds (waiting where asked), else what was found."""
+        for check in task.checks:
+            if (problem := self.check_one(task, check)) is not None:
+                return problem
+        return None
+
+    def check_one(self, task: PlannedTask, check: PlannedCheck) -> str | None:
+        try:
+            params = check.cls.Params.model_validate(self.resolve_params(check.cls, check.params))
+        except TemplateError:
+            raise
+        except Exception as exc:
+            return f"precondition {check.kind}: {exc}"
+        probe = check.cls(params)
+        started = time.monotonic()
+        deadline = started + (check.wait or 0.0)
+        next_note = started + 10.0
+        while True:
+            result = probe.check()
+            if result.ok:
+                return None
+            now = time.monotonic()
+            if now >= deadline:
+                waited = f" after waiting {now - started:.0f}s" if check.wait else ""
+                return f"precondition {check.kind} failed{waited}: {result.found}"
+            if now >= next_note:
+                self.log.info("task.waiting", task=task.id, check=check.kind,
+                              waited=f"{now - started:.0f}s", found=result.found)
+                next_note = now + 10.0
+            time.sleep(min(check.every, max(deadline - now, 0.0)))
+
+    def end_leftovers(self, task: PlannedTask) -> None:
+        """End what a dead run's attempt of this task left running, before running it again."""
+        row = self.rows.get(task.id)
+        if row is None or row["pgid"] is None or Status(row["status"]) is not Status.INTERRUPTED:
+            return
+        marker = (PROCESS_MARKER, f"{row['run_id']}:{task.id}:{row['attempts']}")
+        ended = terminate_group(row["pgid"], grace=10.0, marker=marker)
+        if ended:
+            self.log.warning("task.leftovers_ended", task=task.id, pids=ended,
+                             why="left running by an interrupted run")
+
+
+class _Sink:
+    """Context -> executor: findings are kept for the completion commit; pgids go to the store."""
+
+    def __init__(self, runner: Runner, task_id: str, findings: list[Finding]) -> None:
+        self.runner, self.task_id, self.findings = runner, task_id, findings
+
+    def finding(self, finding: Finding) -> None:
+        self.findings.append(finding)
+
+    def process_started(self, pgid: int, started_at: float) -> None:
+        self.runner.store.set_process(self.task_id, pgid, started_at)
+
+    def progress(self, message: str) -> None:
+        self.runner.log.info("task.progress", task=self.task_id, msg=message)
+
+
+def _show(f: Finding) -> str:
+    return f"{f.value}{' ' + f.unit if f.unit else ''}"
+
+
+def _signal_name(exc: BaseException) -> str:
+    return getattr(exc, "signal_name", "Ctrl-C")
+

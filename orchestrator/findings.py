@@ -1,0 +1,52 @@
+"""Findings: the measured facts tasks leave in the store, and the line form processes print.
+
+Leaf module (no pydantic): the store and the board read findings on the fast `status` path.
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+
+FindingValue = int | float | str | bool
+
+FINDING_PREFIX = "::finding "
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A measured fact a task leaves in the store: `throughput = 2370 tok/s`."""
+
+    key: str
+    value: FindingValue
+    unit: str | None = None
+    note: str | None = None
+
+
+def parse_finding_line(line: str) -> Finding | None:
+    """A finding printed by a subprocess, or None if the line is not one.
+
+    Form: `::finding KEY=VALUE [unit=UNIT] [note=TEXT]`, words quoted as in a shell, e.g.
+    `echo "::finding throughput=2370 unit=tok/s note='peak at c=128'"`.
+    """
+    if not line.startswith(FINDING_PREFIX):
+        return None
+    try:
+        words = shlex.split(line[len(FINDING_PREFIX):])
+    except ValueError:
+        return None
+    if not words or "=" not in words[0]:
+        return None
+    key, raw = words[0].split("=", 1)
+    extras = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    return Finding(key, coerce_value(raw), extras.get("unit"), extras.get("note"))
+
+
+def coerce_value(raw: str) -> FindingValue:
+    """'42' -> 42, '0.42' -> 0.42, anything else stays text."""
+    for kind in (int, float):
+        try:
+            return kind(raw)
+        except ValueError:
+            pass
+    return raw

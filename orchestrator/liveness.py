@@ -1,0 +1,35 @@
+"""Is the orchestrator that opened a run still alive?
+
+Two independent signals, both required to call it dead: the store's run lock is free (the
+kernel drops an flock when its holder dies, in any PID namespace), and the recorded process is
+gone: no pid, a pid whose start time differs (reused), or another boot.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sqlite3
+
+from .process import boot_id, process_start_time
+from .store import RunIdentity
+
+
+def current_identity() -> RunIdentity:
+    pid = os.getpid()
+    return RunIdentity(pid, process_start_time(pid) or 0.0, socket.gethostname(), boot_id())
+
+
+def death_of(run: sqlite3.Row) -> str | None:
+    """Why the run's orchestrator is known to be gone, or None if it may still be alive."""
+    who = f"orchestrator pid {run['pid']} (run #{run['id']})"
+    if run["host"] != socket.gethostname():
+        return None  # another host's process table cannot be read from here
+    if run["boot_id"] != boot_id():
+        return f"{who} died: the host rebooted since"
+    started = process_start_time(run["pid"])
+    if started is None:
+        return f"{who} died while the task ran"
+    if abs(started - run["pid_started_at"]) > 0.05:
+        return f"{who} died while the task ran (its pid now belongs to another process)"
+    return None

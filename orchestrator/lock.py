@@ -1,0 +1,82 @@
+"""One live `orch run` per store, through an flock on `<store>.lock`.
+
+The kernel drops an flock when its holder dies, however it dies, so a lock left by a dead
+process is taken over with no manual step; the file's text only names the holder.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+from pathlib import Path
+from types import TracebackType
+
+from .errors import StoreLocked
+
+
+class RunLock:
+    def __init__(self, store_path: Path) -> None:
+        self.path = store_path.with_name(store_path.name + ".lock")
+        self._fd: int | None = None
+        self._holder: dict[str, object] = {}
+
+    def acquire(self, holder: dict[str, object]) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLocked(f"{self.path.name[:-5]} is in use by {self.describe_holder()}; "
+                              "wait for that run to end, or stop it") from None
+        self._fd = fd
+        self._holder = {**holder, "locked_at": time.time()}
+        self._write()
+
+    def note_run(self, run_id: int) -> None:
+        """Add the run's number to what a refused second run is told."""
+        self._holder["run_id"] = run_id
+        self._write()
+
+    def _write(self) -> None:
+        assert self._fd is not None
+        os.ftruncate(self._fd, 0)
+        os.pwrite(self._fd, json.dumps(self._holder).encode(), 0)
+
+    def try_probe(self) -> bool:
+        """True if no live process holds the lock (taken and released at once)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            return True
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return False
+        finally:
+            os.close(fd)
+        return True
+
+    def describe_holder(self) -> str:
+        try:
+            h = json.loads(self.path.read_text())
+        except (OSError, ValueError):
+            return "another orch run"
+        since = time.strftime("%H:%M:%S", time.localtime(h.get("locked_at", 0)))
+        return (f"orch run #{h.get('run_id', '?')} (pid {h.get('pid', '?')} on "
+                f"{h.get('host', '?')}, since {since})")
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock; the file stays for the next run
+            self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self
+
+    def __exit__(
+        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.release()

@@ -1,0 +1,415 @@
+"""Plan files: the models, and loading that reports every problem at once with its line.
+
+Nothing here touches the host: a plan is validated completely before anything runs.
+"""
+
+from __future__ import annotations
+
+import difflib
+import graphlib
+import hashlib
+import heapq
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+
+from . import registry
+from .durations import parse_duration
+from .errors import PlanError, PlanIssue
+from .templating import Ref, compile_when, iter_refs
+from .yamlsource import Located, Path_, load_yaml
+
+ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _as_list(value: object) -> object:
+    return [value] if isinstance(value, str) else value
+
+
+def _as_retries(value: object) -> object:
+    return {"attempts": value} if isinstance(value, int) and not isinstance(value, bool) else value
+
+
+class Retries(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    attempts: int = Field(1, ge=1, le=100, description="tries in all, the first included")
+    delay: Duration = Field(0.0, description="wait between tries")
+
+
+class TaskSpec(BaseModel):
+    """One entry of `tasks:`. The names are the plan's words."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str = Field(pattern=ID_PATTERN)
+    title: str | None = None
+    priority: Literal["high", "medium", "low"] = "medium"
+    kind: str
+    params: dict[str, Any] = {}
+    needs: Annotated[list[str], BeforeValidator(_as_list)] = []
+    preconditions: list[dict[str, Any]] = []
+    when: bool | str | None = None
+    timeout: Duration | None = None
+    retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
+        default_factory=lambda: Retries()
+    )
+
+
+class CheckSpec(BaseModel):
+    """The engine's part of a precondition entry; every other key is the kind's param."""
+
+    model_config = ConfigDict(extra="allow")
+
+    kind: str
+    wait: Duration | None = Field(None, description="poll until it holds, up to this long")
+    every: Duration = Field(2.0, description="seconds between polls while waiting")
+
+
+class PlanHeader(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    description: str = ""
+    vars: dict[str, Any] = {}
+    tasks: list[Any] = Field(min_length=1)
+
+
+@dataclass
+class PlannedCheck:
+    kind: str
+    cls: type[Any]
+    params: dict[str, Any]  # with ${...} unresolved
+    wait: float | None
+    every: float
+    line: int | None
+
+
+@dataclass
+class PlannedTask:
+    spec: TaskSpec
+    cls: type[Any]
+    checks: list[PlannedCheck]
+    spec_hash: str
+    fingerprint: dict[str, Any]  # what the hash covers, kept to say what changed
+    line: int | None
+    position: int = 0
+
+    @property
+    def id(self) -> str:
+        return self.spec.id
+
+    @property
+    def title(self) -> str:
+        return self.spec.title or self.spec.id
+
+
+@dataclass
+class Plan:
+    name: str
+    description: str
+    file: Path
+    vars: dict[str, Any]
+    tasks: list[PlannedTask]  # in dependency order; ties keep the file's order
+    by_id: dict[str, PlannedTask] = field(default_factory=dict)
+    dependents: dict[str, list[str]] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_id = {t.id: t for t in self.tasks}
+        self.dependents = {t.id: [] for t in self.tasks}
+        for t in self.tasks:
+            for need in t.spec.needs:
+                self.dependents[need].append(t.id)
+
+    def downstream(self, task_id: str) -> list[str]:
+        """`task_id` and every task that depends on it, directly or not, in plan order."""
+        seen = {task_id}
+        stack = [task_id]
+        while stack:
+            for dep in self.dependents[stack.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    stack.append(dep)
+        return [t.id for t in self.tasks if t.id in seen]
+
+
+def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
+    """Load and validate a plan; PlanError lists every problem found."""
+    src = load_yaml(path)
+    issues: list[PlanIssue] = []
+    if not isinstance(src.data, dict):
+        raise PlanError([src.issue((), "a plan is a mapping with `name` and `tasks`")])
+    try:
+        header = PlanHeader.model_validate({**src.data, "tasks": src.data.get("tasks") or []})
+    except ValidationError as exc:
+        issues += [src.issue(tuple(e["loc"]), _sentence(e)) for e in exc.errors()
+                   if e["loc"][:1] != ("tasks",) or e["type"] == "too_short"]
+        header = None
+    if header is None or issues:
+        raise PlanError(issues)
+    variables = dict(header.vars)
+    for key, value in (var_overrides or {}).items():
+        if key not in variables:
+            raise PlanError([src.issue(("vars",), f"--var {key}: the plan has no var {key!r}")])
+        variables[key] = value
+
+    specs: list[tuple[int, TaskSpec]] = []
+    raw_ids: dict[str, int] = {}
+    for i, raw in enumerate(header.tasks):
+        where: Path_ = ("tasks", i)
+        raw_id = raw.get("id") if isinstance(raw, dict) else None
+        if isinstance(raw_id, str):
+            if raw_id in raw_ids:
+                issues.append(src.issue((*where, "id"), f"duplicate task id {raw_id!r} "
+                                        f"(first at line {src.line(('tasks', raw_ids[raw_id]))})"))
+            else:
+                raw_ids[raw_id] = i
+        try:
+            specs.append((i, TaskSpec.model_validate(raw)))
+        except ValidationError as exc:
+            label = f"task {raw_id!r}: " if isinstance(raw_id, str) else ""
+            issues += [src.issue((*where, *e["loc"]), label + _sentence(e)) for e in exc.errors()]
+
+    upstream = _check_graph(src, specs, raw_ids, issues)
+    planned: dict[str, PlannedTask] = {}
+    for i, spec in specs:
+        task = _plan_task(src, ("tasks", i), spec, variables, set(raw_ids), upstream, issues)
+        if task is not None:
+            planned.setdefault(spec.id, task)
+    if issues:
+        raise PlanError(issues)
+
+    ordered = _dependency_order(list(planned.values()), raw_ids)
+    for position, t in enumerate(ordered):
+        t.position = position
+    return Plan(header.name, header.description, path, variables, ordered)
+
+
+def _check_graph(
+    src: Located, specs: list[tuple[int, TaskSpec]], raw_ids: dict[str, int],
+    issues: list[PlanIssue],
+) -> dict[str, set[str]]:
+    """Unknown needs and cycles; returns each task's transitive upstream."""
+    graph: dict[str, list[str]] = {}
+    for i, spec in specs:
+        for j, need in enumerate(spec.needs):
+            if need not in raw_ids:
+                message = f"task {spec.id!r} needs unknown task {need!r}{_hint(need, raw_ids)}"
+                issues.append(src.issue(("tasks", i, "needs", j), message))
+        graph[spec.id] = [n for n in spec.needs if n in raw_ids]
+    try:
+        graphlib.TopologicalSorter(graph).prepare()
+    except graphlib.CycleError as exc:
+        cycle: list[str] = exc.args[1][::-1]  # graphlib lists it against the arrows
+        issues.append(src.issue(("tasks", raw_ids[cycle[0]], "needs"),
+                                f"dependency cycle: {' -> '.join(cycle)}"))
+        return {}
+    upstream: dict[str, set[str]] = {}
+
+    def collect(task_id: str) -> set[str]:
+        if task_id not in upstream:
+            upstream[task_id] = set()
+            for need in graph.get(task_id, []):
+                upstream[task_id] |= {need, *collect(need)}
+        return upstream[task_id]
+
+    for task_id in graph:
+        collect(task_id)
+    return upstream
+
+
+def _plan_task(
+    src: Located, where: Path_, spec: TaskSpec, variables: dict[str, Any], ids: set[str],
+    upstream: dict[str, set[str]], issues: list[PlanIssue],
+) -> PlannedTask | None:
+    label = f"task {spec.id!r}"
+    before = len(issues)
+
+    def check_refs(value: Any, at: Path_) -> set[str]:
+        """Problems with ${...} in `value`; returns the vars it uses."""
+        used: set[str] = set()
+        try:
+            refs = list(iter_refs(value))
+        except ValueError as exc:
+            issues.append(src.issue(at, f"{label}: {exc}"))
+            return used
+        for ref in refs:
+            issues.extend(src.issue(at, f"{label}: {p}") for p in _ref_problems(
+                ref, spec.id, variables, ids, upstream))
+            if ref.task is None:
+                used.add(ref.name)
+        return used
+
+    try:
+        cls = registry.resolve(spec.kind)
+    except registry.UnknownKind as exc:
+        issues.append(src.issue((*where, "kind"), f"{label}: {exc}"))
+        cls = None
+    used = check_refs(spec.params, (*where, "params"))
+    if cls is not None:
+        _validate_params(src, (*where, "params"), label, cls, spec.params, variables, issues)
+    if isinstance(spec.when, str):
+        try:
+            compile_when(spec.when)
+        except ValueError as exc:
+            issues.append(src.issue((*where, "when"), f"{label}: {exc}"))
+        used |= check_refs(spec.when, (*where, "when"))
+
+    checks: list[PlannedCheck] = []
+    for j, raw in enumerate(spec.preconditions):
+        at = (*where, "preconditions", j)
+        try:
+            check = CheckSpec.model_validate(raw)
+        except ValidationError as exc:
+            issues += [src.issue((*at, *e["loc"]), f"{label} precondition: {_sentence(e)}")
+                       for e in exc.errors()]
+            continue
+        params = dict(check.model_extra or {})
+        used |= check_refs(params, at)
+        try:
+            check_cls = registry.resolve(check.kind, registry.PRECONDITION_GROUP)
+        except registry.UnknownKind as exc:
+            issues.append(src.issue((*at, "kind"), f"{label}: {exc}"))
+            continue
+        _validate_params(src, at, f"{label} precondition {check.kind!r}", check_cls, params,
+                         variables, issues)
+        checks.append(PlannedCheck(check.kind, check_cls, params, check.wait, check.every,
+                                   src.line(at)))
+    if len(issues) > before or cls is None:
+        return None
+    fingerprint = {
+        "kind": spec.kind, "params": spec.params, "when": spec.when,
+        "preconditions": spec.preconditions, "vars": {k: variables[k] for k in sorted(used)},
+    }
+    digest = hashlib.sha256(
+        json.dumps(fingerprint, sort_keys=True, default=str).encode()
+    ).hexdigest()[:16]
+    return PlannedTask(spec, cls, checks, digest, fingerprint, src.line(where))
+
+
+def _ref_problems(
+    ref: Ref, task_id: str, variables: dict[str, Any], ids: set[str],
+    upstream: dict[str, set[str]],
+) -> list[str]:
+    if ref.task is None:
+        if ref.name not in variables:
+            return [f"${{{ref}}}: no var {ref.name!r}{_hint(ref.name, variables)}"]
+    elif ref.task not in ids:
+        return [f"${{{ref}}}: no task {ref.task!r}{_hint(ref.task, ids)}"]
+    elif upstream and ref.task not in upstream.get(task_id, set()):
+        return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
+                "add it to `needs` so it runs first"]
+    return []
+
+
+def _validate_params(
+    src: Located, at: Path_, label: str, cls: type[Any], params: dict[str, Any],
+    variables: dict[str, Any], issues: list[PlanIssue],
+) -> None:
+    """Validate params against the kind's model now; fields that use findings wait for run time.
+
+    Vars are known now, so they are substituted for this check (unquoted: it only checks types).
+    """
+    from .templating import resolve
+
+    deferred = {k for k, v in params.items() if any(r.task for r in _safe_refs(v))}
+    try:
+        view = {k: resolve(v, lambda r: variables.get(r.name)) for k, v in params.items()
+                if k not in deferred}
+        cls.Params.model_validate(view)
+    except ValidationError as exc:
+        fields = list(cls.Params.model_fields)
+        for e in exc.errors():
+            loc = e["loc"]
+            if e["type"] == "missing" and loc and loc[0] in deferred:
+                continue
+            name = ".".join(str(p) for p in loc)
+            if e["type"] == "extra_forbidden":
+                msg = f"unknown param {name!r}{_hint(str(loc[0]), fields)}"
+                if fields:
+                    msg += f"; {cls.__name__} takes: {', '.join(fields)}"
+            elif e["type"] == "missing":
+                msg = f"missing param {name!r}"
+            else:
+                msg = f"param {name!r}: {_message(e)}"
+            issues.append(src.issue((*at, *loc), f"{label}: {msg}"))
+
+
+def _safe_refs(value: Any) -> list[Ref]:
+    try:
+        return list(iter_refs(value))
+    except ValueError:
+        return []
+
+
+def _dependency_order(tasks: list[PlannedTask], file_order: dict[str, int]) -> list[PlannedTask]:
+    """Topological order; among tasks ready together, the one written first goes first."""
+    by_id = {t.id: t for t in tasks}
+    sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in tasks})
+    sorter.prepare()
+    ready = [(file_order[i], i) for i in sorter.get_ready()]
+    heapq.heapify(ready)
+    ordered = []
+    while ready:
+        _, task_id = heapq.heappop(ready)
+        ordered.append(by_id[task_id])
+        sorter.done(task_id)
+        for i in sorter.get_ready():
+            heapq.heappush(ready, (file_order[i], i))
+    return ordered
+
+
+def _sentence(error: Any) -> str:
+    loc = ".".join(str(p) for p in error["loc"])
+    if error["type"] == "extra_forbidden":
+        return f"unknown field {loc!r}"
+    if error["type"] == "missing":
+        return f"missing field {loc!r}"
+    return f"{loc}: {_message(error)}" if loc else _message(error)
+
+
+def _message(error: Any) -> str:
+    return re.sub(r"^Value error, ", "", str(error["msg"]))
+
+
+def _hint(word: str, choices: Any) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def parse_var(text: str) -> tuple[str, Any]:
+    """`--var key=value`; the value is read as YAML, so `--var tp=8` is an int."""
+    import yaml
+
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise ValueError(f"--var {text!r}: write KEY=VALUE")
+    try:
+        return key, yaml.safe_load(raw) if raw else ""
+    except yaml.YAMLError:
+        return key, raw
+
+
+def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+    """Plain lines naming what differs between two fingerprints: `params.command: 'a' -> 'b'`."""
+    lines = []
+    for key in sorted({*old, *new}):
+        name = f"{prefix}{key}"
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if isinstance(a, dict) and isinstance(b, dict):
+            lines += what_changed(a, b, name + ".")
+        else:
+            lines.append(f"{name}: {_short(a)} -> {_short(b)}")
+    return lines
+
+
+def _short(value: Any) -> str:
+    text = "(none)" if value is None else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."

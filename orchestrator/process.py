@@ -1,0 +1,205 @@
+"""Subprocesses in their own process group, output to a log file, ended as a group.
+
+Why a group per task: `bash -c "a | b &"` and inference servers fork; killing only the main pid
+leaves workers holding GPU memory (shared/notes/inference-servers.md: SIGKILL to the vLLM main
+process left 2.2 GB of workers running). Why the output goes straight to a file, not a pipe:
+if the orchestrator dies, the child can still write and never blocks on a full pipe.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from .errors import TaskTimeout
+
+PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    returncode: int
+    duration: float
+    log_path: Path
+    log_offset: int  # where this process's output starts in the log
+
+    def lines(self) -> Iterator[str]:
+        with self.log_path.open("rb") as f:
+            f.seek(self.log_offset)
+            for raw in f:
+                yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            return f"signal {signal.Signals(-self.returncode).name}"
+        return f"exit code {self.returncode}"
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    deadline: float | None = None,
+    grace: float = 10.0,
+    on_start: Callable[[int, float], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
+) -> ProcessResult:
+    """Run argv to completion; on deadline or any exception (Ctrl-C) end its whole group."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab") as log:
+        log.write(f"$ {shlex.join(argv)}\n".encode())  # what ran, for `orch logs`
+        offset = log.tell()
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, **(env or {})},
+            cwd=cwd,
+            start_new_session=True,  # own session => own process group, no terminal SIGINT
+        )
+    try:
+        if on_start is not None:
+            on_start(proc.pid, process_start_time(proc.pid) or 0.0)
+        next_note = started + PROGRESS_EVERY
+        while True:
+            now = time.monotonic()
+            wait_for = next_note - now
+            if deadline is not None:
+                wait_for = min(wait_for, deadline - now)
+            try:
+                proc.wait(timeout=max(wait_for, 0.0))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                terminate_group(proc.pid, grace, proc)
+                raise TaskTimeout(f"timed out after {now - started:.0f}s; process group ended")
+            if on_wait is not None and now >= next_note:
+                on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
+                next_note = now + PROGRESS_EVERY
+    except BaseException:
+        terminate_group(proc.pid, grace, proc)
+        raise
+    # The leader is done; helpers it left in the group must not outlive the task.
+    terminate_group(proc.pid, grace, proc)
+    return ProcessResult(proc.returncode, time.monotonic() - started, log_path, offset)
+
+
+def terminate_group(
+    pgid: int,
+    grace: float,
+    leader: subprocess.Popen[bytes] | None = None,
+    marker: tuple[str, str] | None = None,
+) -> list[int]:
+    """SIGTERM every live process of group `pgid`, SIGKILL what remains after `grace` seconds.
+
+    With `marker` (an environment NAME, VALUE) only processes carrying it are signalled: a
+    process group id recorded by a dead run may since have been reused by someone else.
+    Returns the pids that were signalled.
+    """
+    members = group_members(pgid, marker)
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in members:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        end = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < end:
+            if leader is not None:
+                leader.poll()  # reap the leader so it does not linger as a zombie
+            if not any(_alive(pid) for pid in members):
+                return members
+            time.sleep(0.02)
+    return members
+
+
+def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]:
+    """Live (non-zombie) pids whose process group is `pgid`."""
+    members = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        stat = _stat_fields(pid)
+        if stat is None or stat[2] == "Z" or int(stat[4]) != pgid:
+            continue
+        if marker is not None and not _has_marker(pid, marker):
+            continue
+        members.append(pid)
+    return members
+
+
+def _alive(pid: int) -> bool:
+    stat = _stat_fields(pid)
+    return stat is not None and stat[2] not in ("Z", "X")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat, with the command name (which may hold spaces) as one field."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    head, _, tail = raw.rpartition(")")
+    pid_part, _, comm = head.partition(" (")
+    return [pid_part, comm, *tail.split()]
+
+
+def _has_marker(pid: int, marker: tuple[str, str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{marker[0]}={marker[1]}".encode() in env
+
+
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started, in seconds since boot (exact, from /proc), or None if it is gone.
+
+    With the pid and the boot id this identifies a process: a reused pid starts later.
+    """
+    stat = _stat_fields(pid)
+    if stat is None:
+        return None
+    return int(stat[21]) / os.sysconf("SC_CLK_TCK")
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def last_line(path: Path, offset: int = 0, limit: int = 200) -> str:
+    """The last non-empty line of a log, cut to `limit` characters."""
+    lines = tail(path, 1, offset)
+    return lines[-1][:limit] if lines else "(no output yet)"
+
+
+def tail(path: Path, count: int, offset: int = 0) -> list[str]:
+    """The last `count` non-empty lines of a log after `offset`, reading only its end."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(offset, size - 64 * 1024)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-count:]

@@ -1,0 +1,85 @@
+"""Where task and precondition kinds come from, in this order:
+
+1. the engine's built-ins (`shell`, `python`, precondition `command`);
+2. entry points: group `orch.tasks` / `orch.preconditions` (how `tasks/` and plugins register);
+3. `module:Class`, a user's own class importable from the plan's directory or sys.path.
+
+Entry points are loaded only for the kinds a plan names, so a plan pays for what it uses.
+"""
+
+from __future__ import annotations
+
+import difflib
+import importlib
+import sys
+from functools import cache
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any
+
+from .task import Precondition, Task
+
+TASK_GROUP = "orch.tasks"
+PRECONDITION_GROUP = "orch.preconditions"
+
+_BUILTINS: dict[str, dict[str, str]] = {
+    TASK_GROUP: {
+        "shell": "orchestrator.builtins:ShellTask",
+        "python": "orchestrator.builtins:PythonTask",
+    },
+    PRECONDITION_GROUP: {
+        "command": "orchestrator.builtins:CommandSucceeds",
+    },
+}
+_BASES: dict[str, type[Any]] = {TASK_GROUP: Task, PRECONDITION_GROUP: Precondition}
+
+
+class UnknownKind(LookupError):
+    """The message is the sentence the plan error shows."""
+
+
+@cache
+def _entry_points(group: str) -> dict[str, EntryPoint]:
+    return {ep.name: ep for ep in entry_points(group=group)}
+
+
+def known_kinds(group: str = TASK_GROUP) -> list[str]:
+    return sorted({*_BUILTINS[group], *_entry_points(group)})
+
+
+@cache
+def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
+    """The class for `kind`; UnknownKind with a helpful sentence otherwise."""
+    noun = "task kind" if group == TASK_GROUP else "precondition kind"
+    if kind in _BUILTINS[group]:
+        cls = _import(_BUILTINS[group][kind])
+    elif kind in _entry_points(group):
+        try:
+            cls = _entry_points(group)[kind].load()
+        except Exception as exc:  # a broken plugin must not take the loader down
+            raise UnknownKind(f"{noun} {kind!r} failed to load: {exc}") from None
+    elif ":" in kind:
+        try:
+            cls = _import(kind)
+        except (ImportError, AttributeError) as exc:
+            raise UnknownKind(f"cannot import {noun} {kind!r}: {exc}") from None
+    else:
+        close = difflib.get_close_matches(kind, known_kinds(group), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise UnknownKind(
+            f"unknown {noun} {kind!r}{hint}; known: {', '.join(known_kinds(group))},"
+            " or module:Class"
+        )
+    base = _BASES[group]
+    if not (isinstance(cls, type) and issubclass(cls, base)):
+        raise UnknownKind(f"{kind!r} is not a subclass of orchestrator.{base.__name__}")
+    return cls
+
+
+def _import(target: str) -> Any:
+    module_name, _, attr = target.partition(":")
+    if "" not in sys.path:
+        sys.path.insert(0, "")  # module:Class from the working directory, like `python -m`
+    obj: Any = importlib.import_module(module_name)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj

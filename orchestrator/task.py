@@ -1,0 +1,137 @@
+"""What task authors write against: Task, Precondition, Context, Finding.
+
+A task class knows its parameters (a pydantic model, validated when the plan loads) and how to
+do one thing; it knows nothing of SQL, the board or the other tasks. It reports through the
+Context: findings, the processes it starts, progress.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import TaskError
+from .findings import Finding, FindingValue, parse_finding_line
+from .process import ProcessResult, run_process
+
+
+class NoParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+P = TypeVar("P", bound=BaseModel)
+
+
+class ContextSink(Protocol):
+    """Where a Context sends what it learns; the executor implements it."""
+
+    def finding(self, finding: Finding) -> None: ...
+    def process_started(self, pgid: int, started_at: float) -> None: ...
+    def progress(self, message: str) -> None: ...
+
+
+@dataclass
+class Context:
+    """Handed to a running task: where to log, how long it may take, how to report."""
+
+    task_id: str
+    attempt: int
+    run_id: int
+    log_path: Path
+    deadline: float | None  # time.monotonic() value, or None for no timeout
+    sink: ContextSink
+    env: Mapping[str, str] = field(default_factory=dict)  # marks processes as this task's
+
+    def finding(
+        self, key: str, value: FindingValue, unit: str | None = None, note: str | None = None
+    ) -> None:
+        """Record a finding; it is committed with the task's completion."""
+        self.sink.finding(Finding(key, value, unit, note))
+
+    def progress(self, message: str) -> None:
+        """Say what a long wait is waiting for (shown on the terminal, kept in the run log)."""
+        self.sink.progress(message)
+
+    def remaining(self) -> float | None:
+        """Seconds left before the task's timeout, or None."""
+        return None if self.deadline is None else max(0.0, self.deadline - time.monotonic())
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | Path | None = None,
+        success_codes: Sequence[int] = (0,),
+        grace: float = 10.0,
+    ) -> ProcessResult:
+        """Run argv in its own process group, output appended to this task's log.
+
+        Findings the process prints (see parse_finding_line) are recorded. A non-success exit
+        raises TaskError with the tail of the output; the deadline and Ctrl-C end the whole
+        group (SIGTERM, then SIGKILL after `grace` seconds).
+        """
+        result = run_process(
+            argv,
+            log_path=self.log_path,
+            env={**(env or {}), **self.env},
+            cwd=cwd,
+            deadline=self.deadline,
+            grace=grace,
+            on_start=self.sink.process_started,
+            on_wait=self.sink.progress,
+        )
+        for line in result.lines():
+            if (found := parse_finding_line(line)) is not None:
+                self.sink.finding(found)
+        if result.returncode not in success_codes:
+            raise TaskError(f"{shlex.join(argv)[:200]} exited with {result.describe()}")
+        return result
+
+
+class Task(Generic[P]):
+    """Base of every task kind. Subclasses set `Params` and implement `run`."""
+
+    Params: ClassVar[type[BaseModel]] = NoParams
+    # Params spliced into a shell command: their ${...} values are shell-quoted.
+    shell_params: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, params: P) -> None:
+        self.params = params
+
+    def run(self, ctx: Context) -> None:
+        """Do the work; raise TaskError to fail with a plain message."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    """A precondition's verdict and what it saw, e.g. 'port 8000 is held by pid 4121 (python)'."""
+
+    ok: bool
+    found: str
+
+
+class Precondition(Generic[P]):
+    """Base of every precondition kind: a read-only check of the host."""
+
+    Params: ClassVar[type[BaseModel]] = NoParams
+    shell_params: ClassVar[frozenset[str]] = frozenset()
+
+    def __init__(self, params: P) -> None:
+        self.params = params
+
+    def check(self) -> CheckResult:
+        raise NotImplementedError
+
+
+TaskClass = type[Task[Any]]
+PreconditionClass = type[Precondition[Any]]
+Kind = TaskClass | PreconditionClass
+ProgressCallback = Callable[[str], None]
