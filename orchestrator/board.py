@@ -95,10 +95,11 @@ def render_board(
     parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
     lines.append(f"{len(rows)} tasks: " + " · ".join(parts) if rows else "no tasks")
     for r in rows:
-        if r["status"] in (Status.FAILED, Status.INTERRUPTED) and r["last_error"] is not None:
+        if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
             lines.append(paint(f"{r['id']} {r['status']}: {r['last_error']}", "31"))
             lines += [f"    | {ln}"[:width] for ln in (r["output_tail"] or "").splitlines()[-8:]]
-            lines.append(f"    full log: orch logs {r['id']}")
+            if r["log_path"]:
+                lines.append(f"    full log: orch logs {r['id']}")
     return "\n".join(lines)
 
 

@@ -142,6 +142,6 @@ class CommandSucceeds(Precondition[CommandParams]):
             return CheckResult(False, f"`{self.params.command}` did not finish in "
                                       f"{self.params.timeout:.0f}s")
         out = (proc.stdout + proc.stderr).strip().splitlines()
-        said = f": {out[-1][:200]}" if out else ""
-        return CheckResult(proc.returncode == 0,
-                           f"`{self.params.command}` exited {proc.returncode}{said}")
+        # The command's own last words say most; the command line only when it said nothing.
+        found = out[-1][:300] if out else f"`{self.params.command}` exited {proc.returncode}"
+        return CheckResult(proc.returncode == 0, found)

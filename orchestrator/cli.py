@@ -276,8 +276,7 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
     """
     from .executor import runs_dir
 
-    plan = _load(plan_file, ()) if plan_file else None
-    path = _store_path(store_opt, plan)
+    path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
     try:
         row = next((r for r in store.todos(True) if r["id"] == task_id), None)
@@ -319,8 +318,7 @@ def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
     """
     from .board import iso
 
-    plan = _load(plan_file, ()) if plan_file else None
-    path = _store_path(store_opt, plan)
+    path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
     try:
         if task_id or transitions:
@@ -360,12 +358,23 @@ def _load(plan_file: Path, var_args: tuple[str, ...]) -> Plan:
     return load_plan(plan_file, overrides)
 
 
-def _store_path(store_opt: str | None, plan: Plan | None) -> Path:
-    """--store / ORCH_STORE, else beside the plan, else the single .orch/*.db around here."""
+def _store_path(store_opt: str | None, plan: Plan | None, plan_file: Path | None = None) -> Path:
+    """--store / ORCH_STORE, else beside the plan, else the single .orch/*.db around here.
+
+    `plan_file` alone (logs, history) is read only for its name: no kinds are imported.
+    """
     if store_opt:
         return Path(store_opt)
     if plan is not None:
         return plan.file.parent / ".orch" / f"{plan.name}.db"
+    if plan_file is not None:
+        from .yamlsource import load_yaml
+
+        data = load_yaml(plan_file).data
+        name = data.get("name") if isinstance(data, dict) else None
+        if not isinstance(name, str):
+            raise UsageError(f"{plan_file}: the plan has no `name`")
+        return plan_file.parent / ".orch" / f"{name}.db"
     found = sorted({*Path.cwd().glob(".orch/*.db"), *Path.cwd().glob("*/.orch/*.db")})
     if len(found) == 1:
         return found[0].relative_to(Path.cwd())

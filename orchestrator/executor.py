@@ -8,6 +8,7 @@ and each task's state lives in the store, so a worker pool can replace the inner
 from __future__ import annotations
 
 import graphlib
+import heapq
 import json
 import shlex
 import sys
@@ -119,12 +120,19 @@ class Runner:
     def run(self) -> RunResult:
         sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in self.plan.tasks})
         sorter.prepare()
+        ready: list[tuple[int, str]] = []  # among ready tasks, the plan's order decides
+
+        def push(task_ids: tuple[str, ...]) -> None:
+            for task_id in task_ids:
+                heapq.heappush(ready, (self.plan.by_id[task_id].position, task_id))
+
         try:
-            while sorter.is_active():
-                ready = sorted(sorter.get_ready(), key=lambda i: self.plan.by_id[i].position)
-                for task_id in ready:
-                    self.visit(self.plan.by_id[task_id])
-                    sorter.done(task_id)
+            push(sorter.get_ready())
+            while ready:
+                _, task_id = heapq.heappop(ready)
+                self.visit(self.plan.by_id[task_id])
+                sorter.done(task_id)
+                push(sorter.get_ready())
         except KeyboardInterrupt as exc:
             self.store.end_run(self.run_id, "interrupted")
             self.log.error("run.interrupted", by=_signal_name(exc))
@@ -227,8 +235,10 @@ class Runner:
             return
         event = {Status.SKIPPED: "task.skipped", Status.BLOCKED: "task.blocked",
                  Status.FAILED: "task.failed"}[to]
-        (self.log.info if to is Status.SKIPPED else self.log.error)(event, task=task.id,
-                                                                    why=reason)
+        # The root cause is an error; a task blocked by it is a consequence, a warning.
+        level = {Status.SKIPPED: "info", Status.FAILED: "error"}.get(
+            to, "error" if fields.get("last_error") else "warning")
+        getattr(self.log, level)(event, task=task.id, why=reason)
         if to in (Status.FAILED, Status.BLOCKED) and not self.options.keep_going:
             self.stopped_by = self.stopped_by or task.id
 

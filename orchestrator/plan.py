@@ -405,9 +405,22 @@ def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
             continue
         if isinstance(a, dict) and isinstance(b, dict):
             lines += what_changed(a, b, name + ".")
+        elif isinstance(a, str) and isinstance(b, str):
+            lines.append(f"{name}: {_differing(a, b)} -> {_differing(b, a)}")
         else:
             lines.append(f"{name}: {_short(a)} -> {_short(b)}")
     return lines
+
+
+def _differing(text: str, other: str, context: int = 12) -> str:
+    """`text` cut to where it differs from `other`, so a long command shows its change."""
+    start = next((i for i, (x, y) in enumerate(zip(text, other)) if x != y),
+                 min(len(text), len(other)))
+    end = 0
+    while end < min(len(text), len(other)) - start and text[-1 - end] == other[-1 - end]:
+        end += 1
+    lo, hi = max(start - context, 0), min(len(text) - end + context, len(text))
+    return ("…" if lo else "") + repr(text[lo:hi]) + ("…" if hi < len(text) else "")
 
 
 def _short(value: Any) -> str:

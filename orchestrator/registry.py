@@ -2,7 +2,7 @@
 
 1. the engine's built-ins (`shell`, `python`, precondition `command`);
 2. entry points: group `orch.tasks` / `orch.preconditions` (how `tasks/` and plugins register);
-3. `module:Class`, a user's own class importable from the plan's directory or sys.path.
+3. `module:Class`, a user's own class, importable from the working directory or PYTHONPATH.
 
 Entry points are loaded only for the kinds a plan names, so a plan pays for what it uses.
 """

@@ -1,0 +1,97 @@
+"""Shared fixtures: real plan files, the real `orch` executable, real SQLite stores."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+ORCH = str(Path(sys.executable).parent / "orch")
+
+
+def run_orch(*args: str | Path, cwd: Path | None = None, timeout: float = 60,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`orch ARGS` as a user runs it: a real process, NO_COLOR for stable text."""
+    return subprocess.run(
+        [ORCH, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "NO_COLOR": "1", **(env or {})},
+    )
+
+
+def start_orch(*args: str | Path, cwd: Path | None = None) -> subprocess.Popen[str]:
+    """`orch ARGS` in the background, in its own session (as a terminal job would be)."""
+    return subprocess.Popen(
+        [ORCH, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env={**os.environ, "NO_COLOR": "1"}, start_new_session=True,
+    )
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if predicate():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or predicate}")
+
+
+def pid_alive(pid: int) -> bool:
+    """Alive and not a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+class PlanDir:
+    """A scratch directory holding one plan file and its store."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def write(self, text: str, name: str = "plan.yaml") -> Path:
+        path = self.root / name
+        path.write_text(textwrap.dedent(text))
+        return path
+
+    def store_path(self, plan_name: str = "t") -> Path:
+        return self.root / ".orch" / f"{plan_name}.db"
+
+    @contextmanager
+    def db(self, plan_name: str = "t") -> Iterator[sqlite3.Connection]:
+        conn = sqlite3.connect(self.store_path(plan_name))
+        conn.row_factory = sqlite3.Row
+        try:
+            yield conn
+        finally:
+            conn.close()
+
+    def statuses(self, plan_name: str = "t") -> dict[str, str]:
+        with self.db(plan_name) as conn:
+            return {r["id"]: r["status"] for r in conn.execute("SELECT id, status FROM todos")}
+
+    def todo(self, task_id: str, plan_name: str = "t") -> sqlite3.Row:
+        with self.db(plan_name) as conn:
+            row = conn.execute("SELECT * FROM todos WHERE id=?", (task_id,)).fetchone()
+        assert row is not None, task_id
+        return row
+
+    def transitions(self, task_id: str, plan_name: str = "t") -> list[tuple[str | None, str]]:
+        with self.db(plan_name) as conn:
+            return [(r[0], r[1]) for r in conn.execute(
+                "SELECT from_status, to_status FROM transitions WHERE task_id=? ORDER BY seq",
+                (task_id,))]
+
+
+@pytest.fixture
+def pdir(tmp_path: Path) -> PlanDir:
+    return PlanDir(tmp_path)

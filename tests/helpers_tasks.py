@@ -1,0 +1,30 @@
+"""Functions and classes used by test plans through `python` tasks and `module:Class` kinds."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from orchestrator import Context, Task
+
+
+def measure(ctx: Context, tokens: int) -> dict[str, float]:
+    ctx.finding("accept_rate", 0.42, "ratio", "no speedup")
+    return {"tokens": tokens, "throughput": tokens / 2}
+
+
+def boom() -> None:
+    raise RuntimeError("kaboom in user code")
+
+
+class GreetParams(BaseModel):
+    name: str
+    times: int = 1
+
+
+class Greet(Task[GreetParams]):
+    """A user's own task kind, loaded as `helpers_tasks:Greet`."""
+
+    Params = GreetParams
+
+    def run(self, ctx: Context) -> None:
+        ctx.finding("greeting", f"hello {self.params.name}" * self.params.times)

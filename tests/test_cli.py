@@ -1,0 +1,97 @@
+"""The CLI's promises: fast start, help everywhere, plugins by entry point, one-way imports."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from conftest import PlanDir, run_orch
+from orchestrator.cli import cli
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("pydantic", "sqlite_utils", "structlog", "yaml", "psutil", "rich", "pynvml")
+
+
+def test_engine_never_imports_the_task_library() -> None:
+    """orchestrator/ must not import tasks/: knowledge flows one way."""
+    offenders = []
+    for path in (ROOT / "orchestrator").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            offenders += [f"{path.name}: {n}" for n in names if n.split(".")[0] == "tasks"]
+    assert offenders == []
+
+
+def test_status_imports_nothing_heavy(pdir: PlanDir) -> None:
+    """`orch status` on an existing store loads none of pydantic, sqlite_utils, structlog..."""
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    code = textwrap.dedent(f"""
+        import sys
+        from orchestrator.cli import cli
+        try:
+            cli.main(["status", "--store", {str(pdir.store_path())!r}], standalone_mode=False)
+        finally:
+            print("LOADED", sorted(m for m in {HEAVY!r} if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
+    assert "1 tasks: 1 completed" in out
+    assert "LOADED []" in out
+
+
+@pytest.mark.parametrize("command", ["run", "status", "validate", "plan", "logs", "history"])
+def test_every_command_has_help_with_an_example_and_is_in_the_readme(command: str) -> None:
+    """Each command explains itself with an example, and the README documents it."""
+    result = CliRunner().invoke(cli, [command, "--help"])
+    assert result.exit_code == 0
+    assert "Example:" in result.output
+    assert f"orch {command}" in (ROOT / "README.md").read_text()
+
+
+def test_unknown_command_is_usage_error() -> None:
+    """A typo in the command is exit 2 with click's suggestion, no traceback."""
+    r = run_orch("stauts")
+    assert r.returncode == 2
+    assert "No such command" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_entry_point_task_kind_is_found(tmp_path: Path, pdir: PlanDir) -> None:
+    """A kind registered by another distribution (group orch.tasks) validates and runs."""
+    site = tmp_path / "site"
+    (site / "orch_hello-1.0.dist-info").mkdir(parents=True)
+    (site / "orch_hello-1.0.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: orch-hello\nVersion: 1.0\n")
+    (site / "orch_hello-1.0.dist-info" / "entry_points.txt").write_text(
+        "[orch.tasks]\nhello = orch_hello:Hello\n")
+    (site / "orch_hello.py").write_text(textwrap.dedent("""
+        from orchestrator import Context, Task
+        class Hello(Task):
+            def run(self, ctx: Context) -> None:
+                ctx.finding("said", "hello")
+    """))
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: hello}]\n")
+    env = {"PYTHONPATH": str(site)}
+    assert run_orch("validate", plan, env=env).returncode == 0
+    r = run_orch("run", plan, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["tasks"][0]["findings"][0]["value"] == "hello"
+    assert "unknown task kind 'hello'" in run_orch("validate", plan).stderr
+
+
+def test_no_color_and_plain_pipes_have_no_escape_codes(pdir: PlanDir) -> None:
+    """Output to a pipe, or with NO_COLOR, carries no ANSI escapes."""
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
+    r = run_orch("run", plan)
+    assert "\x1b[" not in r.stdout + r.stderr

@@ -1,0 +1,236 @@
+"""Resume, crash, kill and lock behaviour, through the real `orch` CLI and real processes."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+
+
+def test_middle_failure_then_resume_runs_first_step_once(pdir: PlanDir) -> None:
+    """A plan whose middle step fails resumes after the fix; the first step's effect happens once."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: first
+            kind: shell
+            params: {{command: "echo ran >> {pdir.root}/first.count"}}
+          - id: middle
+            kind: shell
+            needs: [first]
+            params: {{command: "test -e {pdir.root}/fixed || {{ echo 'cause: not fixed'; exit 3; }}"}}
+          - id: last
+            kind: shell
+            needs: [middle]
+            params: {{command: "echo ::finding done=yes"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 1, r.stderr
+    assert pdir.statuses() == {"first": "completed", "middle": "failed", "last": "blocked"}
+    assert "cause: not fixed" in pdir.todo("middle")["output_tail"]
+    assert "exit code 3" in pdir.todo("middle")["last_error"]
+    assert "middle failed" in r.stdout and "cause: not fixed" in r.stdout
+
+    (pdir.root / "fixed").touch()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert set(pdir.statuses().values()) == {"completed"}
+    assert (pdir.root / "first.count").read_text() == "ran\n"
+    assert pdir.todo("first")["attempts"] == 1
+    assert pdir.todo("middle")["attempts"] == 2
+    assert "done=yes" in r.stdout
+
+
+SLOW_PLAN = """
+    name: t
+    tasks:
+      - id: first
+        kind: shell
+        params: {{command: "echo ran >> {root}/first.count"}}
+      - id: slow
+        kind: shell
+        needs: [first]
+        params:
+          command: |
+            echo "$$" > {root}/slow.pid
+            if [ -e {root}/second ]; then echo fast; exit 0; fi
+            sleep 300 &
+            echo "$!" > {root}/child.pid
+            wait
+      - id: last
+        kind: shell
+        needs: [slow]
+        params: {{command: "echo ran >> {root}/last.count"}}
+"""
+
+
+def test_sigkill_mid_task_is_reported_interrupted_and_resumed(pdir: PlanDir) -> None:
+    """SIGKILL of the orchestrator mid-task: next run says interrupted, ends leftovers, finishes."""
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", plan)
+    child_file = pdir.root / "child.pid"
+    wait_for(lambda: child_file.exists() and child_file.read_text().strip() != "", what="child")
+    child = int(child_file.read_text())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert pid_alive(child), "the task's process outlives a SIGKILLed orchestrator"
+
+    status = run_orch("status", plan)
+    assert status.returncode == 0
+    assert pdir.statuses()["slow"] == "interrupted"
+    assert "died" in pdir.todo("slow")["reason"]
+    assert pid_alive(child), "status does not kill anything"
+
+    (pdir.root / "second").touch()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not pid_alive(child), "leftovers of the dead run are ended before the retry"
+    assert "leftovers_ended" in r.stderr
+    assert set(pdir.statuses().values()) == {"completed"}
+    assert (pdir.root / "first.count").read_text() == "ran\n"
+    assert (pdir.root / "last.count").read_text() == "ran\n"
+    assert pdir.transitions("slow")[-3:] == [
+        ("in_progress", "interrupted"), ("interrupted", "in_progress"),
+        ("in_progress", "completed")]
+    with pdir.db() as conn:
+        assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        outcomes = [r[0] for r in conn.execute("SELECT outcome FROM runs ORDER BY id")]
+    assert outcomes == ["crashed", "completed"]
+
+
+def test_sigkill_is_detected_by_the_next_run_without_status(pdir: PlanDir) -> None:
+    """The next `orch run` alone (no `status` first) notices the dead run and recovers."""
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", plan)
+    wait_for(lambda: (pdir.root / "child.pid").exists(), what="child")
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    (pdir.root / "second").touch()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert "recovered" in r.stderr and "slow" in r.stderr
+    assert (pdir.root / "first.count").read_text() == "ran\n"
+
+
+def _task_processes(marker_prefix: str) -> list[int]:
+    """Pids of live processes whose environment carries ORCH_TASK=<prefix>..."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(e.startswith(f"ORCH_TASK={marker_prefix}".encode()) for e in env) and pid_alive(
+                int(entry)):
+            found.append(int(entry))
+    return found
+
+
+def test_ctrl_c_exits_130_and_leaves_no_child(pdir: PlanDir) -> None:
+    """Ctrl-C during a task: exit 130, the task is interrupted, no child process survives."""
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", plan)
+    child_file = pdir.root / "child.pid"
+    wait_for(lambda: child_file.exists() and child_file.read_text().strip() != "", what="child")
+    child = int(child_file.read_text())
+    os.killpg(proc.pid, signal.SIGINT)  # what the terminal does: SIGINT to the foreground group
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert not pid_alive(child)
+    assert not pid_alive(int((pdir.root / "slow.pid").read_text()))
+    assert pdir.statuses()["slow"] == "interrupted"
+    assert "Ctrl-C" in pdir.todo("slow")["reason"]
+    with pdir.db() as conn:
+        assert conn.execute("SELECT outcome FROM runs").fetchone()[0] == "interrupted"
+
+
+def test_sigterm_is_handled_like_ctrl_c(pdir: PlanDir) -> None:
+    """SIGTERM to the orchestrator (systemd, kill): exit 130, the group ended, status recorded."""
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", plan)
+    wait_for(lambda: (pdir.root / "child.pid").exists() and
+             (pdir.root / "child.pid").read_text().strip() != "", what="child")
+    child = int((pdir.root / "child.pid").read_text())
+    proc.send_signal(signal.SIGTERM)
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert not pid_alive(child)
+    assert "SIGTERM" in pdir.todo("slow")["reason"]
+
+
+def test_second_run_on_same_store_is_refused(pdir: PlanDir) -> None:
+    """Two concurrent runs on one store: the second refuses, naming the holder."""
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", plan)
+    try:
+        wait_for(lambda: (pdir.root / "child.pid").exists(), what="first run busy")
+        r = run_orch("run", plan)
+        assert r.returncode == 3
+        assert f"pid {proc.pid}" in r.stderr and "run #1" in r.stderr
+        assert "Traceback" not in r.stderr
+        assert (pdir.root / "first.count").read_text() == "ran\n"
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.communicate(timeout=30)
+
+
+def test_lock_of_dead_run_is_taken_over(pdir: PlanDir) -> None:
+    """A lock file left by a dead process does not stop the next run."""
+    plan = pdir.write("""
+        name: t
+        tasks: [{id: a, kind: shell, params: {command: "true"}}]
+    """)
+    lock = pdir.store_path().with_name("t.db.lock")
+    lock.parent.mkdir(parents=True)
+    lock.write_text('{"pid": 999999, "host": "elsewhere", "run_id": 7}')
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+
+
+def test_timeout_ends_the_whole_group(pdir: PlanDir) -> None:
+    """A task past its timeout fails, and its process group (children too) is ended."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: hang
+            kind: shell
+            timeout: 1s
+            params:
+              command: "sleep 300 & echo $! > {pdir.root}/child.pid; wait"
+              grace: 2
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 1
+    row = pdir.todo("hang")
+    assert "timed out" in row["last_error"]
+    assert row["ended_at"] - row["started_at"] < 10
+    assert not pid_alive(int((pdir.root / "child.pid").read_text()))
+
+
+def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> None:
+    """SIGKILL at many moments of a fast plan: the store stays valid and the plan finishes."""
+    tasks = "\n".join(
+        f"  - {{id: t{i}, kind: shell, params: {{command: 'echo {i} >> {pdir.root}/log'}}"
+        + (f", needs: [t{i - 1}]" if i else "") + "}" for i in range(30))
+    plan = pdir.write(f"name: t\ntasks:\n{tasks}\n")
+    import time
+
+    for delay in (0.15, 0.3, 0.45, 0.6):
+        proc = start_orch("run", plan)
+        time.sleep(delay)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.communicate(timeout=10)
+        if pdir.store_path().exists():
+            with pdir.db() as conn:
+                assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert set(pdir.statuses().values()) == {"completed"}
+    lines = (pdir.root / "log").read_text().split()
+    # Each task ran once, except at most one per kill that was in flight when it died.
+    assert sorted(set(lines), key=int) == [str(i) for i in range(30)]
+    assert len(lines) - 30 <= 4

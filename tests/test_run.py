@@ -1,0 +1,285 @@
+"""What `orch run` does with each task: selection, when, preconditions, retries, findings."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from pathlib import Path
+
+from conftest import PlanDir, run_orch
+
+HERE = Path(__file__).parent
+ENV = {"PYTHONPATH": str(HERE)}
+
+
+def test_retries_until_success(pdir: PlanDir) -> None:
+    """A task with retries fails twice then succeeds: completed, 3 attempts, each logged."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: flaky
+            kind: shell
+            retries: {{attempts: 3, delay: 100ms}}
+            params:
+              command: "echo x >> {pdir.root}/n; [ $(wc -l < {pdir.root}/n) -ge 3 ]"
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert pdir.todo("flaky")["attempts"] == 3
+    assert pdir.transitions("flaky")[1:] == [
+        ("pending", "in_progress"), ("in_progress", "failed"), ("failed", "in_progress"),
+        ("in_progress", "failed"), ("failed", "in_progress"), ("in_progress", "completed")]
+
+
+FORK_PLAN = """
+    name: t
+    tasks:
+      - {{id: bad, kind: shell, params: {{command: "exit 1"}}}}
+      - {{id: after_bad, kind: shell, needs: [bad], params: {{command: "true"}}}}
+      - {{id: indep, kind: shell, params: {{command: "touch {root}/indep"}}}}
+"""
+
+
+def test_failure_stops_new_work_by_default(pdir: PlanDir) -> None:
+    """After a failure nothing new starts; dependents are blocked, others stay pending."""
+    plan = pdir.write(FORK_PLAN.format(root=pdir.root))
+    r = run_orch("run", plan)
+    assert r.returncode == 1
+    assert pdir.statuses() == {"bad": "failed", "after_bad": "blocked", "indep": "pending"}
+    assert "needs bad, which is failed" in pdir.todo("after_bad")["reason"]
+    assert not (pdir.root / "indep").exists()
+
+
+def test_keep_going_runs_independent_tasks(pdir: PlanDir) -> None:
+    """--keep-going runs what does not depend on the failure, and still exits 1."""
+    plan = pdir.write(FORK_PLAN.format(root=pdir.root))
+    r = run_orch("run", plan, "--keep-going")
+    assert r.returncode == 1
+    assert pdir.statuses() == {"bad": "failed", "after_bad": "blocked", "indep": "completed"}
+
+
+CHAIN = """
+    name: t
+    tasks:
+      - {{id: a, kind: shell, params: {{command: "echo a >> {root}/log; echo ::finding v={v}"}}}}
+      - {{id: b, kind: shell, needs: [a], params: {{command: "echo b >> {root}/log"}}}}
+      - {{id: c, kind: shell, needs: [b], params: {{command: "echo c >> {root}/log"}}}}
+      - {{id: d, kind: shell, params: {{command: "echo d >> {root}/log"}}}}
+"""
+
+
+def _log(pdir: PlanDir) -> list[str]:
+    return (pdir.root / "log").read_text().split()
+
+
+def test_changed_spec_is_stale_not_rerun_until_asked(pdir: PlanDir) -> None:
+    """A completed task whose spec changed is reported stale with the change, and kept."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    assert run_orch("run", plan).returncode == 0
+    pdir.write(CHAIN.format(root=pdir.root, v=2))
+    r = run_orch("run", plan)
+    assert r.returncode == 0
+    assert _log(pdir) == ["a", "b", "c", "d"]
+    assert "task.stale" in r.stderr and "--rerun a" in r.stderr
+    status = run_orch("status", plan)
+    assert "stale: params.command:" in status.stdout
+    dry = run_orch("plan", plan, "--json")
+    steps = {s["id"]: s for s in json.loads(dry.stdout)["steps"]}
+    assert steps["a"]["action"] == "stale" and "v=1" in steps["a"]["changed"][0]
+    assert steps["b"]["action"] == "skip"
+
+
+def test_rerun_runs_task_and_its_dependents_only(pdir: PlanDir) -> None:
+    """--rerun b re-runs b and c (which needs it), not a or d."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    assert run_orch("run", plan).returncode == 0
+    assert run_orch("run", plan, "--rerun", "b").returncode == 0
+    assert _log(pdir) == ["a", "b", "c", "d", "b", "c"]
+
+
+def test_only_runs_one_task(pdir: PlanDir) -> None:
+    """--only c runs just c when its needs are completed; blocks it when they are not."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    r = run_orch("run", plan, "--only", "c")
+    assert r.returncode == 1
+    assert pdir.statuses()["c"] == "blocked"
+    assert "not selected" in pdir.todo("c")["reason"]
+    assert not (pdir.root / "log").exists()
+    assert run_orch("run", plan).returncode == 0
+    assert run_orch("run", plan, "--only", "c").returncode == 0
+    assert _log(pdir)[-1] == "c" and len(_log(pdir)) == 5
+
+
+def test_from_runs_the_rest_of_the_plan(pdir: PlanDir) -> None:
+    """--from b re-runs b and every task after it in plan order (c, d)."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    assert run_orch("run", plan).returncode == 0
+    assert run_orch("run", plan, "--from", "b").returncode == 0
+    assert _log(pdir)[4:] == ["b", "c", "d"]
+
+
+def test_unknown_task_in_selection_is_usage_error(pdir: PlanDir) -> None:
+    """--rerun of a task the plan does not have: exit 2 with the task list, nothing run."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    r = run_orch("run", plan, "--rerun", "zz")
+    assert r.returncode == 2
+    assert "no task 'zz'" in r.stderr and "a, b, c, d" in r.stderr
+    assert not (pdir.root / "log").exists()
+
+
+def test_when_false_skips_and_dependents_still_run(pdir: PlanDir) -> None:
+    """`when` evaluated at start from a finding: false skips the task; its dependents run."""
+    plan = pdir.write("""
+        name: t
+        vars: {threshold: 10}
+        tasks:
+          - {id: probe, kind: shell, params: {command: "echo ::finding rate=3"}}
+          - id: tune
+            kind: shell
+            needs: [probe]
+            when: "${tasks.probe.findings.rate} > ${vars.threshold}"
+            params: {command: "exit 1"}
+          - {id: report, kind: shell, needs: [tune], params: {command: "true"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert pdir.statuses() == {"probe": "completed", "tune": "skipped", "report": "completed"}
+    assert "is false" in pdir.todo("tune")["reason"]
+
+
+def test_finding_spliced_into_shell_is_quoted(pdir: PlanDir) -> None:
+    """A finding holding shell syntax reaches the next command as one literal word."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: evil
+            kind: shell
+            params: {{command: "echo \\"::finding name='x; touch {pdir.root}/pwned'\\""}}
+          - id: use
+            kind: shell
+            needs: [evil]
+            params: {{command: "printf '%s\\\\n' ${{tasks.evil.findings.name}} > {pdir.root}/out"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert not (pdir.root / "pwned").exists()
+    assert (pdir.root / "out").read_text() == f"x; touch {pdir.root}/pwned\n"
+
+
+def test_missing_finding_fails_the_task_clearly(pdir: PlanDir) -> None:
+    """A ${tasks.X.findings.K} that X never recorded fails the task, naming what X has."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "echo ::finding speed=3"}}
+          - {id: b, kind: shell, needs: [a], params: {command: "echo ${tasks.a.findings.sped}"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 1
+    err = pdir.todo("b")["last_error"]
+    assert "recorded no finding 'sped'" in err and "speed" in err
+
+
+def test_python_task_findings_and_user_errors(pdir: PlanDir) -> None:
+    """`python` tasks record ctx findings and returned dicts; an exception fails the task."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: m
+            kind: python
+            params: {function: "helpers_tasks:measure", args: {tokens: 100}}
+          - id: greet
+            kind: helpers_tasks:Greet
+            params: {name: orch}
+          - {id: crash, kind: python, needs: [m], params: {function: "helpers_tasks:boom"}}
+    """)
+    r = run_orch("run", plan, "--json", env=ENV)
+    assert r.returncode == 1
+    doc = json.loads(r.stdout)
+    tasks = {t["id"]: t for t in doc["tasks"]}
+    assert {f["key"]: f["value"] for f in tasks["m"]["findings"]} == {
+        "accept_rate": 0.42, "tokens": 100, "throughput": 50.0}
+    assert tasks["m"]["findings"][0] == {"key": "accept_rate", "value": 0.42, "unit": "ratio",
+                                         "note": "no speedup"}
+    assert tasks["greet"]["findings"][0]["value"] == "hello orch"
+    assert tasks["crash"]["status"] == "failed"
+    assert tasks["crash"]["last_error"] == "RuntimeError: kaboom in user code"
+    log = run_orch("logs", "crash", "--plan", plan)
+    assert "Traceback" in log.stdout and "kaboom" in log.stdout
+
+
+def test_precondition_blocks_with_what_was_found(pdir: PlanDir) -> None:
+    """A failing precondition blocks the task with the check's own words; nothing runs."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            preconditions:
+              - {{kind: command, command: "echo 'disk full on /models'; false"}}
+            params: {{command: "touch {pdir.root}/ran"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 1
+    row = pdir.todo("a")
+    assert row["status"] == "blocked"
+    assert "disk full on /models" in row["reason"]
+    assert not (pdir.root / "ran").exists()
+
+
+def test_precondition_wait_polls_until_it_holds(pdir: PlanDir) -> None:
+    """`wait:` polls the precondition; the task runs once the condition becomes true."""
+    flag = pdir.root / "ready"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            preconditions:
+              - {{kind: command, command: "test -e {flag}", wait: 20s, every: 100ms}}
+            params: {{command: "true"}}
+    """)
+    timer = threading.Timer(1.0, flag.touch)
+    timer.start()
+    started = time.monotonic()
+    r = run_orch("run", plan)
+    timer.join()
+    assert r.returncode == 0, r.stderr
+    assert 0.9 < time.monotonic() - started < 15
+
+
+def test_status_json_schema_and_todowrite(pdir: PlanDir) -> None:
+    """`status --json` follows orch.status/v1; `--format todowrite` has exactly its keys."""
+    plan = pdir.write(FORK_PLAN.format(root=pdir.root))
+    run_orch("run", plan)
+    doc = json.loads(run_orch("status", plan, "--json").stdout)
+    assert doc["schema"] == "orch.status/v1"
+    assert doc["summary"]["failed"] == 1 and doc["summary"]["total"] == 3
+    assert set(doc["tasks"][0]) == {
+        "id", "title", "priority", "kind", "status", "reason", "attempts", "started_at",
+        "ended_at", "duration_s", "last_error", "output_tail", "log_path", "stale", "findings"}
+    todo = json.loads(run_orch("status", plan, "--format", "todowrite").stdout)
+    assert set(todo) == {"todos"}
+    assert all(set(t) == {"content", "status", "priority"} for t in todo["todos"])
+    assert {t["status"] for t in todo["todos"]} <= {"pending", "in_progress", "completed",
+                                                   "cancelled"}
+
+
+def test_status_finds_the_single_store_without_arguments(pdir: PlanDir) -> None:
+    """`orch status` with no PLAN uses the one .orch/*.db here; none found is exit 2."""
+    assert run_orch("status", cwd=pdir.root).returncode == 2
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    run_orch("run", plan)
+    r = run_orch("status", cwd=pdir.root)
+    assert r.returncode == 0 and "4 tasks: 4 completed" in r.stdout
+
+
+def test_store_of_another_plan_is_refused(pdir: PlanDir) -> None:
+    """Pointing a plan at another plan's store is an error, not a silent mix."""
+    a = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    b = pdir.write("name: other\ntasks: [{id: x, kind: shell, params: {command: 'true'}}]\n",
+                   "b.yaml")
+    assert run_orch("run", a).returncode == 0
+    r = run_orch("run", b, "--store", pdir.store_path())
+    assert r.returncode == 2 and "holds plan 't'" in r.stderr
