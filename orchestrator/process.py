@@ -109,19 +109,25 @@ def terminate_group(
     process group id recorded by a dead run may since have been reused by someone else.
     Returns the pids that were signalled.
     """
-    members = group_members(pgid, marker)
+    return terminate_pids(group_members(pgid, marker), grace, leader)
+
+
+def terminate_pids(
+    pids: list[int], grace: float, leader: subprocess.Popen[bytes] | None = None
+) -> list[int]:
+    """SIGTERM `pids`, wait up to `grace` seconds for them to go, then SIGKILL the rest."""
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in members:
+        for pid in pids:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
         end = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
         while time.monotonic() < end:
             if leader is not None:
                 leader.poll()  # reap the leader so it does not linger as a zombie
-            if not any(_alive(pid) for pid in members):
-                return members
+            if not any(_alive(pid) for pid in pids):
+                return pids
             time.sleep(0.02)
-    return members
+    return pids
 
 
 def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]:
@@ -138,6 +144,11 @@ def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]
             continue
         members.append(pid)
     return members
+
+
+def is_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    return _alive(pid)
 
 
 def _alive(pid: int) -> bool:
