@@ -7,7 +7,19 @@ Exports are loaded on first use (PEP 562), so `import orchestrator` costs nothin
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the real names for type checkers; at run time they load on first use
+    from .durations import parse_duration as parse_duration
+    from .errors import TaskError as TaskError
+    from .errors import TaskTimeout as TaskTimeout
+    from .findings import Finding as Finding
+    from .status import Status as Status
+    from .task import CheckResult as CheckResult
+    from .task import Context as Context
+    from .task import NoParams as NoParams
+    from .task import Precondition as Precondition
+    from .task import Task as Task
 
 _EXPORTS = {
     "Task": "task", "Precondition": "task", "Context": "task", "Finding": "findings",

@@ -147,20 +147,25 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     try:
         header = PlanHeader.model_validate({**src.data, "tasks": src.data.get("tasks") or []})
     except ValidationError as exc:
-        issues += [src.issue(tuple(e["loc"]), _sentence(e)) for e in exc.errors()
-                   if e["loc"][:1] != ("tasks",) or e["type"] == "too_short"]
+        issues += [src.issue(tuple(e["loc"]), _sentence(e)) for e in exc.errors()]
         header = None
-    if header is None or issues:
+    # A bad name or description must not hide the tasks' problems; bad vars or tasks would
+    # only bury the real error under follow-on ones, so stop there.
+    raw_vars = header.vars if header else src.data.get("vars", {})
+    raw_tasks = header.tasks if header else src.data.get("tasks")
+    if not isinstance(raw_vars, dict) or not isinstance(raw_tasks, list) or not raw_tasks:
         raise PlanError(issues)
-    variables = dict(header.vars)
+    variables = dict(raw_vars)
     for key, value in (var_overrides or {}).items():
         if key not in variables:
-            raise PlanError([src.issue(("vars",), f"--var {key}: the plan has no var {key!r}")])
-        variables[key] = value
+            issues.append(src.issue(("vars",), f"--var {key}: the plan has no var {key!r}"
+                                    f"{_hint(key, variables)}"))
+        else:
+            variables[key] = value
 
     specs: list[tuple[int, TaskSpec]] = []
     raw_ids: dict[str, int] = {}
-    for i, raw in enumerate(header.tasks):
+    for i, raw in enumerate(raw_tasks):
         where: Path_ = ("tasks", i)
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         if isinstance(raw_id, str):
@@ -174,6 +179,8 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
         except ValidationError as exc:
             label = f"task {raw_id!r}: " if isinstance(raw_id, str) else ""
             issues += [src.issue((*where, *e["loc"]), label + _sentence(e)) for e in exc.errors()]
+            if (salvaged := _salvage(raw, exc)) is not None:
+                specs.append((i, salvaged))
 
     upstream = _check_graph(src, specs, raw_ids, issues)
     planned: dict[str, PlannedTask] = {}
@@ -181,8 +188,8 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
         task = _plan_task(src, ("tasks", i), spec, variables, set(raw_ids), upstream, issues)
         if task is not None:
             planned.setdefault(spec.id, task)
-    if issues:
-        raise PlanError(issues)
+    if issues or header is None:
+        raise PlanError(list(dict.fromkeys(issues)))  # one cause can surface on two paths
 
     ordered = _dependency_order(list(planned.values()), raw_ids)
     for position, t in enumerate(ordered):
@@ -190,11 +197,25 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     return Plan(header.name, header.description, path, variables, ordered)
 
 
+def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
+    """The task without its bad fields, so its other fields are still checked; None if that
+    cannot be done (no id or kind, or bad `needs`, whose absence would fake graph errors)."""
+    if not isinstance(raw, dict) or any(not e["loc"] for e in exc.errors()):
+        return None
+    bad = {e["loc"][0] for e in exc.errors()}
+    if "needs" in bad:
+        return None
+    try:
+        return TaskSpec.model_validate({k: v for k, v in raw.items() if k not in bad})
+    except ValidationError:
+        return None
+
+
 def _check_graph(
     src: Located, specs: list[tuple[int, TaskSpec]], raw_ids: dict[str, int],
     issues: list[PlanIssue],
 ) -> dict[str, set[str]]:
-    """Unknown needs and cycles; returns each task's transitive upstream."""
+    """Unknown needs and cycles; returns each task's transitive upstream, where all known."""
     graph: dict[str, list[str]] = {}
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
@@ -220,7 +241,9 @@ def _check_graph(
 
     for task_id in graph:
         collect(task_id)
-    return upstream
+    # A task whose needs could not be read hides part of the graph: judge no upstream through it.
+    opaque = set(raw_ids) - set(graph)
+    return {task_id: up for task_id, up in upstream.items() if not up & opaque}
 
 
 def _plan_task(
@@ -301,7 +324,7 @@ def _ref_problems(
             return [f"${{{ref}}}: no var {ref.name!r}{_hint(ref.name, variables)}"]
     elif ref.task not in ids:
         return [f"${{{ref}}}: no task {ref.task!r}{_hint(ref.task, ids)}"]
-    elif upstream and ref.task not in upstream.get(task_id, set()):
+    elif task_id in upstream and ref.task not in upstream[task_id]:
         return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
                 "add it to `needs` so it runs first"]
     return []
@@ -414,7 +437,7 @@ def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 
 def _differing(text: str, other: str, context: int = 12) -> str:
     """`text` cut to where it differs from `other`, so a long command shows its change."""
-    start = next((i for i, (x, y) in enumerate(zip(text, other)) if x != y),
+    start = next((i for i, (x, y) in enumerate(zip(text, other, strict=False)) if x != y),
                  min(len(text), len(other)))
     end = 0
     while end < min(len(text), len(other)) - start and text[-1 - end] == other[-1 - end]:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from conftest import PlanDir, run_orch
 from orchestrator.cli import cli
+
+from conftest import PlanDir, run_orch
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pydantic", "sqlite_utils", "structlog", "yaml", "psutil", "rich", "pynvml")

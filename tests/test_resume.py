@@ -10,7 +10,7 @@ from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
 
 
 def test_middle_failure_then_resume_runs_first_step_once(pdir: PlanDir) -> None:
-    """A plan whose middle step fails resumes after the fix; the first step's effect happens once."""
+    """Middle step fails; after the fix the plan resumes and the first step's effect happened once."""
     plan = pdir.write(f"""
         name: t
         tasks:
@@ -20,7 +20,8 @@ def test_middle_failure_then_resume_runs_first_step_once(pdir: PlanDir) -> None:
           - id: middle
             kind: shell
             needs: [first]
-            params: {{command: "test -e {pdir.root}/fixed || {{ echo 'cause: not fixed'; exit 3; }}"}}
+            params:
+              command: "test -e {pdir.root}/fixed || {{ echo 'cause: not fixed'; exit 3; }}"
           - id: last
             kind: shell
             needs: [middle]

@@ -1,0 +1,146 @@
+"""Preconditions about the host that any plan can use: ports, disk space, Python packages."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from orchestrator import CheckResult, Precondition
+from probes.procs import listeners
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGTP]?)(i?)B?\s*$", re.IGNORECASE)
+
+
+def parse_size(value: object) -> int:
+    """Bytes from `50GiB`, `50G` (both binary, as `df -h` shows), `500MB` (decimal), or a number."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"{value!r} is not a size (write e.g. 50GiB, 500MB)")
+    number, prefix, binary = float(m.group(1)), m.group(2).upper(), m.group(3)
+    power = "KMGTP".index(prefix) + 1 if prefix else 0
+    decimal = bool(prefix) and not binary and str(value).strip().upper().endswith("B")
+    return int(number * (1000 if decimal else 1024) ** power)
+
+
+def format_size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if n < 1024 or unit == "TiB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+class PortParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    port: int = Field(ge=1, le=65535)
+    host: str | None = Field(None, description="only listeners on this address (default any)")
+
+
+class PortFree(Precondition[PortParams]):
+    """Nothing listens on the TCP port (e.g. the old server released it)."""
+
+    Params = PortParams
+
+    def check(self) -> CheckResult:
+        held = listeners(self.params.port, self.params.host)
+        if not held:
+            return CheckResult(True, f"port {self.params.port} is free")
+        who = "; ".join(
+            f"{h.address}:{h.port} by {h.process.label() if h.process else 'an unseen process'}"
+            for h in held)
+        return CheckResult(False, f"port {self.params.port} is held: {who}")
+
+
+class DiskParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: str
+    min_free: int = Field(description="e.g. 600GiB")
+
+    _size = field_validator("min_free", mode="before")(parse_size)
+
+
+class DiskFree(Precondition[DiskParams]):
+    """The file system holding `path` has at least `min_free` bytes available."""
+
+    Params = DiskParams
+
+    def check(self) -> CheckResult:
+        path = Path(self.params.path)
+        probe = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
+        free = shutil.disk_usage(probe).free
+        ok = free >= self.params.min_free
+        return CheckResult(ok, f"{probe} has {format_size(free)} free"
+                           + ("" if ok else f", needs {format_size(self.params.min_free)}"))
+
+
+class PackageParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    package: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="distribution")
+    version: str | None = Field(None, description="a version specifier, e.g. '>=0.5.23,<0.6'")
+    python: str | None = Field(None, description="interpreter of the target environment")
+    import_name: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$")
+
+    @field_validator("version")
+    @classmethod
+    def _valid_spec(cls, spec: str | None) -> str | None:
+        if spec is not None:
+            from packaging.specifiers import SpecifierSet
+
+            SpecifierSet(spec)  # InvalidSpecifier is a ValueError: a plan error with its line
+        return spec
+
+
+# Run in the target interpreter: the version installed there, and whether it imports.
+_PROBE = """
+import importlib, importlib.metadata as md, json, sys
+name, mod = sys.argv[1], sys.argv[2]
+try:
+    version = md.version(name)
+except md.PackageNotFoundError:
+    print(json.dumps({"version": None})); raise SystemExit
+try:
+    importlib.import_module(mod); error = None
+except Exception as exc:
+    error = f"{type(exc).__name__}: {exc}"
+print(json.dumps({"version": version, "import_error": error}))
+"""
+
+
+class PythonPackage(Precondition[PackageParams]):
+    """A Python distribution is installed (in `python`'s environment), at a version, and imports."""
+
+    Params = PackageParams
+
+    def check(self) -> CheckResult:
+        p = self.params
+        python = p.python or sys.executable
+        module = p.import_name or p.package.replace("-", "_").split("[")[0]
+        try:
+            out = subprocess.run([python, "-c", _PROBE, p.package, module], capture_output=True,
+                                 text=True, timeout=120, stdin=subprocess.DEVNULL)
+            info = json.loads(out.stdout.strip().splitlines()[-1])
+        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+            return CheckResult(False, f"cannot ask {python} about {p.package}")
+        version = info["version"]
+        if version is None:
+            return CheckResult(False, f"{p.package} is not installed for {python}")
+        if p.version is not None:
+            from packaging.specifiers import SpecifierSet
+
+            if not SpecifierSet(p.version).contains(version, prereleases=True):
+                return CheckResult(False, f"{p.package} {version} does not satisfy {p.version}")
+        if info["import_error"]:
+            return CheckResult(False, f"{p.package} {version} fails to import: "
+                                      f"{info['import_error'][:200]}")
+        return CheckResult(True, f"{p.package} {version} imports")
