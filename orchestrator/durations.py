@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -13,14 +14,22 @@ def parse_duration(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
     if isinstance(value, int | float):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too big for a float is not a usable duration
+            seconds = math.inf
     elif isinstance(value, str):
         text = value.strip().replace(" ", "")
         parts = _PART.findall(text)
-        if not text or "".join(n + u for n, u in parts) != text:
+        if re.fullmatch(r"\d+(?:\.\d+)?", text):  # `timeout: "10"` is seconds, as `10` is
+            seconds = float(text)
+        elif text and "".join(n + u for n, u in parts) == text:
+            seconds = sum(float(n) * _UNITS[u] for n, u in parts)
+        else:
             raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
-        seconds = sum(float(n) * _UNITS[u] for n, u in parts)
     else:
+        raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
+    if not math.isfinite(seconds):  # YAML's .nan and .inf would break every deadline
         raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")

@@ -116,6 +116,7 @@ class Runner:
         self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
+        self.started = 0  # tasks this run started (0: nothing to do, all was done)
 
     def run(self) -> RunResult:
         sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in self.plan.tasks})
@@ -141,6 +142,7 @@ class Runner:
         ok = all(s.done for s in in_scope)
         outcome = "completed" if ok else "failed"
         self.store.end_run(self.run_id, outcome)
+        self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
         return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
 
     # --- one task ------------------------------------------------------------------------------
@@ -193,6 +195,7 @@ class Runner:
             log_path=str(log_path), pgid=None, pgid_started_at=None,
         )
         self.statuses[task.id] = Status.IN_PROGRESS
+        self.started += 1
         self.log.info("task.started", task=task.id, title=task.title)
         timeout = task.spec.timeout
         ctx = Context(

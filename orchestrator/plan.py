@@ -273,7 +273,9 @@ def _plan_task(
     except registry.UnknownKind as exc:
         issues.append(src.issue((*where, "kind"), f"{label}: {exc}"))
         cls = None
-    used = check_refs(spec.params, (*where, "params"))
+    used: set[str] = set()
+    for key, value in spec.params.items():  # per param, so the error names its line
+        used |= check_refs(value, (*where, "params", key))
     if cls is not None:
         _validate_params(src, (*where, "params"), label, cls, spec.params, variables, issues)
     if isinstance(spec.when, str):
@@ -293,7 +295,8 @@ def _plan_task(
                        for e in exc.errors()]
             continue
         params = dict(check.model_extra or {})
-        used |= check_refs(params, at)
+        for key, value in params.items():
+            used |= check_refs(value, (*at, key))
         try:
             check_cls = registry.resolve(check.kind, registry.PRECONDITION_GROUP)
         except registry.UnknownKind as exc:
@@ -337,10 +340,17 @@ def _validate_params(
     """Validate params against the kind's model now; fields that use findings wait for run time.
 
     Vars are known now, so they are substituted for this check (unquoted: it only checks types).
+    A param with a bad reference is skipped too: check_refs has reported it already.
     """
     from .templating import resolve
 
-    deferred = {k for k, v in params.items() if any(r.task for r in _safe_refs(v))}
+    def unresolvable(value: Any) -> bool:
+        try:
+            return any(r.task or r.name not in variables for r in iter_refs(value))
+        except ValueError:
+            return True
+
+    deferred = {k for k, v in params.items() if unresolvable(v)}
     try:
         view = {k: resolve(v, lambda r: variables.get(r.name)) for k, v in params.items()
                 if k not in deferred}
@@ -361,13 +371,6 @@ def _validate_params(
             else:
                 msg = f"param {name!r}: {_message(e)}"
             issues.append(src.issue((*at, *loc), f"{label}: {msg}"))
-
-
-def _safe_refs(value: Any) -> list[Ref]:
-    try:
-        return list(iter_refs(value))
-    except ValueError:
-        return []
 
 
 def _dependency_order(tasks: list[PlannedTask], file_order: dict[str, int]) -> list[PlannedTask]:

@@ -135,7 +135,9 @@ def compile_when(expr: str) -> tuple[ast.Expression, list[Ref]]:
             raise ValueError(
                 f"`when` may use only literals, comparisons, and/or/not and ${{...}}: {expr!r}"
             )
-        if isinstance(node, ast.Name) and node.id not in _NAMES and not node.id.startswith("_ref"):
+        # Only the placeholders made above: a `_ref7` written by hand names nothing.
+        placeholders = {f"_ref{i}" for i in range(len(refs))}
+        if isinstance(node, ast.Name) and node.id not in _NAMES and node.id not in placeholders:
             raise ValueError(f"`when` has an unknown name {node.id!r} (quote strings): {expr!r}")
     return tree, refs
 

@@ -10,7 +10,7 @@ from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
 
 
 def test_middle_failure_then_resume_runs_first_step_once(pdir: PlanDir) -> None:
-    """Middle step fails; after the fix the plan resumes and the first step's effect happened once."""
+    """Middle step fails; after the fix the plan resumes, the first step's effect happened once."""
     plan = pdir.write(f"""
         name: t
         tasks:

@@ -1,0 +1,22 @@
+"""The code's own bar: ruff clean, mypy --strict clean (both come with the `test` extra)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_ruff_is_clean() -> None:
+    """No lint findings in the engine, the task library, the tests or the benchmarks."""
+    r = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT,
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_mypy_strict_is_clean() -> None:
+    """orchestrator/, probes/ and tasks/ type-check under mypy --strict."""
+    r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
