@@ -57,6 +57,7 @@ def run_process(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
         log.write(f"$ {shlex.join(argv)}\n".encode())  # what ran, for `orch logs`
+        log.flush()  # before the child writes to the same file
         offset = log.tell()
         started = time.monotonic()
         proc = subprocess.Popen(
