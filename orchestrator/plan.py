@@ -223,27 +223,29 @@ def _check_graph(
                 message = f"task {spec.id!r} needs unknown task {need!r}{_hint(need, raw_ids)}"
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
-    try:
-        graphlib.TopologicalSorter(graph).prepare()
-    except graphlib.CycleError as exc:
-        cycle: list[str] = exc.args[1][::-1]  # graphlib lists it against the arrows
-        issues.append(src.issue(("tasks", raw_ids[cycle[0]], "needs"),
-                                f"dependency cycle: {' -> '.join(cycle)}"))
-        return {}
+    # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
+    cyclic: set[str] = set()
+    acyclic = graph
+    while True:
+        try:
+            order = list(graphlib.TopologicalSorter(acyclic).static_order())
+            break
+        except graphlib.CycleError as exc:
+            cycle: list[str] = exc.args[1][::-1]  # graphlib lists it against the arrows
+            issues.append(src.issue(("tasks", raw_ids[cycle[0]], "needs"),
+                                    f"dependency cycle: {' -> '.join(cycle)}"))
+            cyclic |= set(cycle)
+            acyclic = {t: [n for n in needs if n not in cyclic]
+                       for t, needs in acyclic.items() if t not in cyclic}
+    # Upstream is judged only where the whole of it is known: not through a cycle, nor through
+    # a task whose needs could not be read. In dependency order, so no recursion on long chains.
+    unknown = cyclic | (set(raw_ids) - set(graph))
     upstream: dict[str, set[str]] = {}
-
-    def collect(task_id: str) -> set[str]:
-        if task_id not in upstream:
-            upstream[task_id] = set()
-            for need in graph.get(task_id, []):
-                upstream[task_id] |= {need, *collect(need)}
-        return upstream[task_id]
-
-    for task_id in graph:
-        collect(task_id)
-    # A task whose needs could not be read hides part of the graph: judge no upstream through it.
-    opaque = set(raw_ids) - set(graph)
-    return {task_id: up for task_id, up in upstream.items() if not up & opaque}
+    for task_id in order:
+        needs = graph.get(task_id, [])
+        if task_id not in unknown and all(n in upstream for n in needs):
+            upstream[task_id] = set(needs).union(*(upstream[n] for n in needs))
+    return upstream
 
 
 def _plan_task(

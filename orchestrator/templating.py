@@ -139,6 +139,11 @@ def compile_when(expr: str) -> tuple[ast.Expression, list[Ref]]:
         placeholders = {f"_ref{i}" for i in range(len(refs))}
         if isinstance(node, ast.Name) and node.id not in _NAMES and node.id not in placeholders:
             raise ValueError(f"`when` has an unknown name {node.id!r} (quote strings): {expr!r}")
+    # A reference inside quotes would be compared as its placeholder's name, silently.
+    if {f"_ref{i}" for i in range(len(refs))} - {
+        n.id for n in ast.walk(tree) if isinstance(n, ast.Name)
+    }:
+        raise ValueError(f"`when` has a ${{...}} inside quotes; write it bare: {expr!r}")
     return tree, refs
 
 

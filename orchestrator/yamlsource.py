@@ -88,6 +88,8 @@ def _construct(node: yaml.Node, path: Path_, located: Located) -> Any:
             if key in result:
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
             result[key] = _construct(value_node, (*path, key), located)
+            # A value's line is its key's: a block mapping or list starts a line below it.
+            located.lines[(*path, key)] = key_node.start_mark.line + 1
         located.lines.pop((*path, "<key>"), None)
         return result
     if isinstance(node, yaml.SequenceNode):
