@@ -27,7 +27,27 @@ json_option = click.option("--json", "as_json", is_flag=True, help="Machine-read
 plan_argument = click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class OrchGroup(click.Group):
+    """Turns orch's own errors into one clear message and their exit code, for every caller
+    of `cli` (the console script, CliRunner, an embedding program): never a traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PlanError as exc:
+            for issue in exc.issues:
+                click.echo(str(issue), err=True)
+            n = len(exc.issues)
+            click.echo(f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run",
+                       err=True)
+            ctx.exit(exc.exit_code)
+        except OrchError as exc:
+            click.echo(f"orch: {exc}", err=True)
+            ctx.exit(exc.exit_code)
+
+
+@click.group(cls=OrchGroup,
+             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(package_name="orch")
 def cli() -> None:
     """Run ML-infrastructure runbooks as resumable plans with a durable todo record.
@@ -391,29 +411,18 @@ def _open_store(path: Path) -> Store:
 
 
 def main() -> NoReturn:
-    """Console entry point: user errors become one clear message and an exit code."""
+    """Console entry point."""
     try:
-        cli.main(standalone_mode=False)
+        # Without standalone mode click returns the code of ctx.exit() instead of exiting.
+        code = cli.main(standalone_mode=False)
     except click.exceptions.Exit as exc:
         sys.exit(exc.exit_code)
     except click.ClickException as exc:
         exc.show()
         sys.exit(EXIT_USAGE)
-    except click.exceptions.Abort:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         sys.exit(EXIT_INTERRUPTED)
-    except PlanError as exc:
-        for issue in exc.issues:
-            click.echo(f"{issue}", err=True)
-        n = len(exc.issues)
-        click.echo(f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run",
-                   err=True)
-        sys.exit(exc.exit_code)
-    except OrchError as exc:
-        click.echo(f"orch: {exc}", err=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(EXIT_INTERRUPTED)
-    except BrokenPipeError:
+    except BrokenPipeError:  # `orch status | head`: not an error
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_OK)
-    sys.exit(EXIT_OK)
+    sys.exit(code if isinstance(code, int) else EXIT_OK)

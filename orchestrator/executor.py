@@ -259,7 +259,9 @@ class Runner:
         return found.value
 
     def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
-        return {k: resolve(v, self.lookup, quote=k in cls.shell_params) for k, v in params.items()}
+        # Only a command string goes through a shell; argv items are passed as they are.
+        return {k: resolve(v, self.lookup, quote=k in cls.shell_params and isinstance(v, str))
+                for k, v in params.items()}
 
     def check_preconditions(self, task: PlannedTask) -> str | None:
         """None if every precondition holds (waiting where asked), else what was found."""

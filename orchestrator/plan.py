@@ -344,7 +344,14 @@ def _validate_params(
     Vars are known now, so they are substituted for this check (unquoted: it only checks types).
     A param with a bad reference is skipped too: check_refs has reported it already.
     """
-    from .templating import resolve
+    from .templating import quoted_refs, resolve
+
+    for name in sorted(cls.shell_params & params.keys()):
+        if isinstance(params[name], str):
+            issues += [src.issue((*at, name), f"{label}: {ref} is inside quotes in param "
+                                 f"{name!r}: orch shell-quotes every value itself, so write it "
+                                 f"bare, or assign it first: v={ref}; echo \"$v\"")
+                       for ref in quoted_refs(params[name])]
 
     def unresolvable(value: Any) -> bool:
         try:

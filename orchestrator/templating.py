@@ -88,6 +88,27 @@ def resolve(value: Any, lookup: Lookup, quote: bool = False) -> Any:
     return value
 
 
+def quoted_refs(command: str) -> list[str]:
+    """References written inside '...' or "..." in a shell command.
+
+    resolve() shell-quotes each value; inside quotes that quoting is undone ("'$(x)'" runs x),
+    so such a reference is refused when the plan loads.
+    """
+    found, quote, i = [], "", 0
+    while i < len(command):
+        c = command[i]
+        if c == "\\" and quote != "'":
+            i += 2
+            continue
+        if c in "'\"" and quote in ("", c):
+            quote = "" if quote else c
+        elif quote and command.startswith("${", i) and not command.startswith("$${", i - 1):
+            end = command.find("}", i)
+            found.append(command[i : end + 1 if end >= 0 else len(command)])
+        i += 1
+    return found
+
+
 def _format(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"

@@ -949,9 +949,6 @@ def test_cli_validate_json_lists_every_error(tmp_path: Path) -> None:
     assert "Traceback" not in result.output
 
 
-@pytest.mark.xfail(strict=True, raises=PlanError, reason=(
-    "cli.py: PlanError is turned into exit 2 only in main(), not in the click group `cli`, so "
-    "CliRunner (and any embedding of `cli`) sees the raw exception and exit code 1"))
 def test_cli_validate_bad_plan_exits_2_naming_file_and_line(tmp_path: Path) -> None:
     """`orch validate` of a bad plan exits 2 and prints `file:line: message`, no traceback."""
     path = one_task(tmp_path, "kind: shel  # <-E")
@@ -1023,3 +1020,26 @@ def test_orch_validate_yaml_syntax_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert f"{path}:{line_of(path, '# <-E')}: YAML syntax error" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("command", [
+    'echo "${vars.x}"', "echo '${vars.x}'", 'echo "a \\" ${vars.x}"'])
+def test_reference_inside_quotes_in_a_shell_command_is_refused(tmp_path: Path,
+                                                               command: str) -> None:
+    """Quotes would undo orch's own quoting ("'$(x)'" runs x): refused, with the way out."""
+    path = tmp_path / "plan.yaml"
+    path.write_text("name: t\nvars: {x: 1}\ntasks:\n  - id: a\n    kind: shell\n"
+                    f"    params:\n      command: {json.dumps(command)}\n")
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    (issue,) = info.value.issues
+    assert issue.line == 7
+    assert "${vars.x} is inside quotes" in issue.message and "v=${vars.x}" in issue.message
+
+
+def test_bare_and_escaped_references_in_shell_are_fine(tmp_path: Path) -> None:
+    """A bare reference, and `$${...}` inside quotes (a literal), are accepted."""
+    path = tmp_path / "plan.yaml"
+    path.write_text("name: t\nvars: {x: 1}\ntasks:\n  - id: a\n    kind: shell\n"
+                    "    params: {command: 'echo ${vars.x} \"$${HOME}\"'}\n")
+    assert load_plan(path).tasks[0].id == "a"

@@ -283,3 +283,22 @@ def test_store_of_another_plan_is_refused(pdir: PlanDir) -> None:
     assert run_orch("run", a).returncode == 0
     r = run_orch("run", b, "--store", pdir.store_path())
     assert r.returncode == 2 and "holds plan 't'" in r.stderr
+
+
+def test_argv_command_items_are_not_shell_quoted(pdir: PlanDir) -> None:
+    """In an argv list no shell is involved: a var with spaces arrives as one plain argument."""
+    plan = pdir.write(f"""
+        name: t
+        vars: {{msg: "a b  $(c)"}}
+        tasks:
+          - id: a
+            kind: shell
+            params:
+              command:
+                - python3
+                - -c
+                - "import sys; open('{pdir.root}/o', 'w').write(sys.argv[1])"
+                - "${{vars.msg}}"
+    """)
+    assert run_orch("run", plan).returncode == 0
+    assert (pdir.root / "o").read_text() == "a b  $(c)"
