@@ -282,7 +282,10 @@ class Runner:
         deadline = started + (check.wait or 0.0)
         next_note = started + 10.0
         while True:
-            result = probe.check()
+            try:
+                result = probe.check()
+            except Exception as exc:  # a bug in a check blocks its task, not the whole run
+                return f"precondition {check.kind} crashed: {type(exc).__name__}: {exc}"
             if result.ok:
                 return None
             now = time.monotonic()

@@ -12,7 +12,7 @@ class ProcessInfo:
     cmdline: str
     user: str
 
-    def label(self, width: int = 60) -> str:
+    def label(self, width: int = 90) -> str:
         """`pid 4121 python -m vllm.entrypoints... (user svc)`: what a blocked task shows."""
         cmd = self.cmdline or self.name
         cmd = cmd if len(cmd) <= width else cmd[: width - 3] + "..."

@@ -1,0 +1,318 @@
+"""GPU preconditions (`gpu.free`, `gpu.count`) and the `gpu.wait_free` task, through NVML.
+
+GPUs are chosen by NVML index (as `nvidia-smi` numbers them), UUID (`GPU-...`, a unique prefix
+will do) or `all`. Without a driver every kind says "NVML unavailable: ..." and blocks or fails.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Sequence
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+
+from orchestrator import CheckResult, Context, Precondition, Task, TaskError, parse_duration
+from orchestrator.process import is_alive, terminate_pids
+from probes.nvml import Gpu, GpuProcess, Nvml, NvmlUnavailable, open_nvml
+from tasks.host import format_size
+
+GIB = 1024**3
+MIB = 1024**2
+PROGRESS_EVERY = 5.0  # seconds between progress notes while nothing changes
+
+Duration = Annotated[float, BeforeValidator(parse_duration)]
+
+
+def _parse_gpus(value: object) -> object:
+    """`all`, an index, a UUID, `"0,1"`, or a list of indices and UUIDs."""
+    if isinstance(value, str):
+        if value.strip().lower() == "all":
+            return "all"
+        value = [w.strip() for w in value.split(",") if w.strip()]
+    elif isinstance(value, int) and not isinstance(value, bool):
+        value = [value]
+    if not isinstance(value, list) or not value:
+        raise ValueError("expected 'all', a GPU index or UUID, or a list of them")
+    chosen: list[int | str] = []
+    for item in value:
+        if isinstance(item, int) and not isinstance(item, bool) and item >= 0:
+            chosen.append(item)
+        elif isinstance(item, str) and item.strip().isdigit():
+            chosen.append(int(item))
+        elif isinstance(item, str) and item.strip().upper().startswith("GPU-"):
+            chosen.append(item.strip())
+        else:
+            raise ValueError(f"{item!r} is not a GPU index (0, 1, ...) or UUID (GPU-...)")
+    return chosen
+
+
+GpuChoice = Annotated[list[int | str] | Literal["all"], BeforeValidator(_parse_gpus)]
+
+
+def select(gpus: Sequence[Gpu], wanted: list[int | str] | Literal["all"]) -> list[Gpu]:
+    """The GPUs `wanted` names, in the order named; LookupError says what this host has."""
+    if not gpus:
+        raise LookupError("NVML found no GPUs on this host")
+    if wanted == "all":
+        return list(gpus)
+    have = f"this host has GPU{'s' if len(gpus) > 1 else ''} {_indices(gpus)}"
+    chosen: list[Gpu] = []
+    for w in wanted:
+        if isinstance(w, int):
+            match = [g for g in gpus if g.index == w]
+        else:
+            match = [g for g in gpus if g.uuid.lower().startswith(w.lower())]
+        if not match:
+            raise LookupError(f"no GPU {w} ({have})")
+        if len(match) > 1:
+            raise LookupError(f"{w} matches GPUs {_indices(match)}: give more of the UUID")
+        if match[0] not in chosen:
+            chosen.append(match[0])
+    return chosen
+
+
+def busy(gpu: Gpu, max_used: int, no_processes: bool) -> str | None:
+    """None if `gpu` counts as free; else what holds it, e.g.
+    `GPU 3 holds 71.2 GiB: pid 4121 python -m vllm.entrypoints... (user svc)`."""
+    over = gpu.used_bytes > max_used
+    if not over and not (no_processes and gpu.processes):
+        return None
+    name = f"GPU {gpu.index}" + (" (MIG)" if gpu.mig else "")
+    if over:
+        head = f"{name} holds {format_size(gpu.used_bytes)}"
+    else:
+        count = len(gpu.processes)
+        head = (f"{name} has {count} compute process{'es' if count > 1 else ''} "
+                f"({format_size(gpu.used_bytes)} used)")
+    if gpu.processes:
+        return f"{head}: {holders(gpu.processes)}"
+    if gpu.processes_error:
+        return f"{head}; its processes cannot be listed ({gpu.processes_error})"
+    return f"{head} and lists no compute process (another container's, or not yet released)"
+
+
+def holders(processes: Sequence[GpuProcess]) -> str:
+    """Who holds a GPU; each one's memory when there are several."""
+    if len(processes) == 1:
+        return processes[0].label()
+    return ", ".join(f"{p.label()} {_memory(p)}" for p in processes)
+
+
+def _memory(p: GpuProcess) -> str:
+    return "memory unknown" if p.used_bytes is None else format_size(p.used_bytes)
+
+
+def _indices(gpus: Sequence[Gpu]) -> str:
+    return ", ".join(str(g.index) for g in gpus)
+
+
+def _look(nvml: Nvml, wanted: list[int | str] | Literal["all"]) -> list[Gpu] | str:
+    """The selected GPUs with their processes, or what went wrong, in one sentence."""
+    listing = nvml.snapshot(processes=False)  # cheap: only to resolve indices and UUIDs
+    if isinstance(listing, NvmlUnavailable):
+        return str(listing)
+    try:
+        chosen = select(listing.gpus, wanted)
+    except LookupError as exc:
+        return str(exc)
+    snap = nvml.snapshot([g.index for g in chosen])
+    return str(snap) if isinstance(snap, NvmlUnavailable) else list(snap.gpus)
+
+
+class FreeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    gpus: GpuChoice = Field("all", description="indices, UUIDs, or all")
+    max_used_mib: float = Field(1024, ge=0, description="the most memory used that is still free")
+    no_processes: bool = Field(True, description="free also means no compute process on it")
+
+
+class GpusFree(Precondition[FreeParams]):
+    """The GPUs hold no more than `max_used_mib` and (by default) no compute process."""
+
+    Params = FreeParams
+
+    def check(self) -> CheckResult:
+        p = self.params
+        nvml = open_nvml()
+        if isinstance(nvml, NvmlUnavailable):
+            return CheckResult(False, str(nvml))
+        with nvml:
+            gpus = _look(nvml, p.gpus)
+        if isinstance(gpus, str):
+            return CheckResult(False, gpus)
+        problems = [b for g in gpus if (b := busy(g, int(p.max_used_mib * MIB), p.no_processes))]
+        if problems:
+            return CheckResult(False, "; ".join(problems))
+        most = max(g.used_bytes for g in gpus)
+        return CheckResult(True, f"GPU{'s' if len(gpus) > 1 else ''} {_indices(gpus)} free "
+                                 f"({format_size(most)} used at most)")
+
+
+class CountParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    count: int | None = Field(None, ge=0, description="exactly this many GPUs (of `model`)")
+    at_least: int | None = Field(None, ge=1, description="at least this many GPUs (of `model`)")
+    model: str | None = Field(None, min_length=1, description="part of the name, e.g. H200")
+
+    @model_validator(mode="after")
+    def _one_bound(self) -> CountParams:
+        if self.count is not None and self.at_least is not None:
+            raise ValueError("give `count` or `at_least`, not both")
+        return self
+
+
+class GpuCount(Precondition[CountParams]):
+    """The host has `count` (or `at_least`) GPUs whose name contains `model` (default: >= 1)."""
+
+    Params = CountParams
+
+    def check(self) -> CheckResult:
+        p = self.params
+        nvml = open_nvml()
+        if isinstance(nvml, NvmlUnavailable):
+            return CheckResult(False, str(nvml))
+        with nvml:
+            snap = nvml.snapshot(processes=False)
+        if isinstance(snap, NvmlUnavailable):
+            return CheckResult(False, str(snap))
+        found = _by_name(snap.gpus)
+        matching = [g for g in snap.gpus if p.model is None or p.model.lower() in g.name.lower()]
+        what = f"× {p.model}" if p.model else "GPU"
+        if p.count is not None:
+            ok, need = len(matching) == p.count, f"exactly {p.count} {what}"
+        else:
+            least = p.at_least or 1
+            ok, need = len(matching) >= least, f"at least {least} {what}"
+        return CheckResult(ok, found if ok else f"found {found}; needs {need}")
+
+
+def _by_name(gpus: Sequence[Gpu]) -> str:
+    """`8 × NVIDIA H200`; `no GPUs`."""
+    names: dict[str, int] = {}
+    for g in gpus:
+        names[g.name] = names.get(g.name, 0) + 1
+    return ", ".join(f"{n} × {name}" for name, n in names.items()) or "no GPUs"
+
+
+class WaitFreeParams(FreeParams):
+    timeout: Duration = Field(300.0, description="fail if not free by then")
+    every: Duration = Field(0.1, ge=0.01, description="seconds between looks")
+    terminate: bool = Field(False, description="end the processes still holding the GPUs")
+    terminate_after: Duration = Field(
+        0.0, description="with terminate: how long holders may take to leave on their own")
+    grace: Duration = Field(10.0, description="seconds between SIGTERM and SIGKILL")
+
+
+class GpuWaitFree(Task[WaitFreeParams]):
+    """Wait until the GPUs are free (see gpu.free), ending the holders if `terminate`.
+
+    Findings: seconds_until_free, gpuN_freed_gib for each GPU, and with terminate the
+    processes it ended (`terminated`) or could not end (`not_terminated`).
+    """
+
+    Params = WaitFreeParams
+
+    def run(self, ctx: Context) -> None:
+        p = self.params
+        started = time.monotonic()
+        remaining = ctx.remaining()
+        deadline = started + (p.timeout if remaining is None else min(p.timeout, remaining))
+        max_used = int(p.max_used_mib * MIB)
+        nvml = open_nvml()
+        if isinstance(nvml, NvmlUnavailable):
+            raise TaskError(str(nvml))
+        with nvml:
+            first = _look(nvml, p.gpus)
+            if isinstance(first, str):
+                raise TaskError(first)
+            indices = [g.index for g in first]
+            end_at = started + p.terminate_after if p.terminate else None
+            ended: tuple[str, list[str]] = ("", [])  # who was ended, who could not be
+            shown: tuple[object, float] = ((), 0.0)  # what the last progress note said, when
+            current, seen_at = first, time.monotonic()
+            try:
+                while problems := [b for g in current if (b := busy(g, max_used, p.no_processes))]:
+                    now = time.monotonic()
+                    if end_at is not None and now >= end_at:
+                        end_at = None  # once: a holder that comes back (Restart=always) is named
+                        ended = self._terminate(ctx, current, max_used)
+                    elif now >= deadline:
+                        raise TaskError(
+                            f"not free after {now - started:.1f}s: {'; '.join(problems)}")
+                    else:
+                        key = tuple((g.index, tuple(x.pid for x in g.processes)) for g in current)
+                        if key != shown[0] or now - shown[1] >= PROGRESS_EVERY:
+                            ctx.progress(f"waiting {now - started:.0f}s: {'; '.join(problems)}")
+                            shown = (key, now)
+                        time.sleep(max(0.0, min(p.every, deadline - now)))
+                    snap = nvml.snapshot(indices)
+                    if isinstance(snap, NvmlUnavailable):
+                        raise TaskError(str(snap))
+                    current, seen_at = list(snap.gpus), snap.taken_at
+                ctx.finding("seconds_until_free", round(seen_at - started, 3), "s")
+            finally:  # also on a timeout or Ctrl-C: what was freed and ended so far
+                self._record(ctx, first, current, *ended)
+
+    def _record(
+        self, ctx: Context, first: list[Gpu], last: list[Gpu], ended: str, spared: list[str]
+    ) -> None:
+        for before, after in zip(first, last, strict=True):
+            freed = max(0, before.used_bytes - after.used_bytes)
+            ctx.finding(f"gpu{before.index}_freed_gib", round(freed / GIB, 2), "GiB",
+                        f"{format_size(before.used_bytes)} -> {format_size(after.used_bytes)} used")
+        if ended:
+            ctx.finding("terminated", ended, None,
+                        f"SIGTERM, then SIGKILL after {self.params.grace:g}s for any left")
+        if spared:
+            ctx.finding("not_terminated", "; ".join(spared))
+        ctx.finding("gpus", ",".join(str(g.index) for g in first))
+
+    def _terminate(self, ctx: Context, gpus: list[Gpu], max_used: int) -> tuple[str, list[str]]:
+        """End the holders of the GPUs that are not free: SIGTERM, SIGKILL after `grace`.
+
+        Returns the labels of those ended, and why others were not.
+        """
+        held = {x.pid: x for g in gpus if busy(g, max_used, self.params.no_processes)
+                for x in g.processes}
+        mine = _ancestors()
+        ending: list[GpuProcess] = []
+        spared: list[str] = []
+        for proc in held.values():
+            if proc.pid in mine:
+                spared.append(f"{proc.label()}: orch itself or its parent")
+            elif proc.holds_device is not True:
+                # NVML lists host pids: here the number may be an unrelated process.
+                spared.append(f"{proc.label()}: not seen holding a GPU from here")
+            elif not _may_signal(proc.pid):
+                spared.append(f"{proc.label()}: not permitted to signal it")
+            else:
+                ending.append(proc)
+        if not ending:
+            return "", spared
+        labels = "; ".join(x.label() for x in ending)
+        ctx.progress(f"ending {len(ending)} GPU holder{'s' if len(ending) > 1 else ''}: {labels}")
+        terminate_pids([x.pid for x in ending], self.params.grace)
+        spared += [f"{x.label()}: survived SIGKILL" for x in ending if is_alive(x.pid)]
+        return labels, spared
+
+
+def _ancestors() -> set[int]:
+    """This process and its parents: never ended, even if one of them holds a GPU."""
+    import psutil
+
+    me = psutil.Process()
+    return {me.pid, *(p.pid for p in me.parents())}
+
+
+def _may_signal(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return False
+    except ProcessLookupError:
+        return True  # gone already; terminate_pids copes
+    return True
