@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel
 
-from orchestrator import Context, Task
+from orchestrator import CheckResult, Context, Precondition, Task
 
 
 def measure(ctx: Context, tokens: int) -> dict[str, float]:
@@ -28,3 +28,10 @@ class Greet(Task[GreetParams]):
 
     def run(self, ctx: Context) -> None:
         ctx.finding("greeting", f"hello {self.params.name}" * self.params.times)
+
+
+class BrokenCheck(Precondition):  # type: ignore[type-arg]
+    """A precondition with a bug in it."""
+
+    def check(self) -> CheckResult:
+        raise ZeroDivisionError("division by zero in the check")

@@ -302,3 +302,18 @@ def test_argv_command_items_are_not_shell_quoted(pdir: PlanDir) -> None:
     """)
     assert run_orch("run", plan).returncode == 0
     assert (pdir.root / "o").read_text() == "a b  $(c)"
+
+
+def test_crashing_precondition_blocks_its_task_only(pdir: PlanDir) -> None:
+    """A bug in a precondition blocks that task with the error; the run ends cleanly (exit 1)."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            preconditions: [{kind: "helpers_tasks:BrokenCheck"}]
+            params: {command: "true"}
+    """)
+    r = run_orch("run", plan, env=ENV)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert "crashed: ZeroDivisionError: division by zero" in pdir.todo("a")["reason"]
