@@ -22,6 +22,7 @@ from typing import Any
 import structlog
 
 from . import runlog
+from .board import summarize
 from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
 from .findings import Finding
 from .liveness import current_identity, death_of
@@ -219,8 +220,9 @@ class Runner:
         else:
             duration = time.time() - started
             self.settle(task, Status.COMPLETED, None, findings, ended_at=time.time())
+            # Findings as one field: a finding named `task` must not collide with the event's.
             self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s",
-                          **{f.key: _show(f) for f in findings[:6]})
+                          findings=summarize(findings) or None)
             return True
         output = "\n".join(tail(log_path, OUTPUT_TAIL_LINES))
         self.settle(task, Status.FAILED, error, findings, last_error=error,
@@ -324,10 +326,6 @@ class _Sink:
 
     def progress(self, message: str) -> None:
         self.runner.log.info("task.progress", task=self.task_id, msg=message)
-
-
-def _show(f: Finding) -> str:
-    return f"{f.value}{' ' + f.unit if f.unit else ''}"
 
 
 def _signal_name(exc: BaseException) -> str:

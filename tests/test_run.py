@@ -317,3 +317,19 @@ def test_crashing_precondition_blocks_its_task_only(pdir: PlanDir) -> None:
     r = run_orch("run", plan, env=ENV)
     assert r.returncode == 1 and "Traceback" not in r.stderr
     assert "crashed: ZeroDivisionError: division by zero" in pdir.todo("a")["reason"]
+
+
+def test_findings_may_use_any_name(pdir: PlanDir) -> None:
+    """Findings named like the log's own fields (task, took, event) are recorded, no crash."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params:
+              command: "echo ::finding task=1; echo ::finding took=2; echo ::finding event=3"
+    """)
+    r = run_orch("run", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    assert [f["key"] for f in json.loads(r.stdout)["tasks"][0]["findings"]] == [
+        "task", "took", "event"]
