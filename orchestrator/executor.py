@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import graphlib
 import heapq
-import json
 import shlex
 import sys
 import time
@@ -103,7 +102,7 @@ def _close_dead_runs(store: Store) -> list[str]:
 
 def _todo_specs(plan: Plan) -> list[TodoSpec]:
     return [TodoSpec(t.id, t.position, t.title, t.spec.priority, t.spec.kind, t.spec.needs,
-                     t.spec_hash, t.fingerprint) for t in plan.tasks]
+                     t.spec_hash, t.spec_json) for t in plan.tasks]
 
 
 class Runner:
@@ -191,7 +190,7 @@ class Runner:
         started = time.time()
         number = self.store.transition(
             task.id, Status.IN_PROGRESS, f"attempt {attempt}/{task.spec.retries.attempts}",
-            self.run_id, spec_hash=task.spec_hash, spec=json.dumps(task.fingerprint),
+            self.run_id, spec_hash=task.spec_hash, spec=task.spec_json,
             started_at=started, ended_at=None, last_error=None, output_tail=None,
             log_path=str(log_path), pgid=None, pgid_started_at=None,
         )

@@ -97,6 +97,7 @@ class PlannedTask:
     checks: list[PlannedCheck]
     spec_hash: str
     fingerprint: dict[str, Any]  # what the hash covers, kept to say what changed
+    spec_json: str  # the fingerprint as stored
     line: int | None
     position: int = 0
 
@@ -184,8 +185,9 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
 
     upstream = _check_graph(src, specs, raw_ids, issues)
     planned: dict[str, PlannedTask] = {}
+    ids = set(raw_ids)
     for i, spec in specs:
-        task = _plan_task(src, ("tasks", i), spec, variables, set(raw_ids), upstream, issues)
+        task = _plan_task(src, ("tasks", i), spec, variables, ids, upstream, issues)
         if task is not None:
             planned.setdefault(spec.id, task)
     if issues or header is None:
@@ -214,8 +216,8 @@ def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
 def _check_graph(
     src: Located, specs: list[tuple[int, TaskSpec]], raw_ids: dict[str, int],
     issues: list[PlanIssue],
-) -> dict[str, set[str]]:
-    """Unknown needs and cycles; returns each task's transitive upstream, where all known."""
+) -> Upstream:
+    """Unknown needs and cycles; returns the tasks' transitive upstream, where all known."""
     graph: dict[str, list[str]] = {}
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
@@ -228,7 +230,7 @@ def _check_graph(
     acyclic = graph
     while True:
         try:
-            order = list(graphlib.TopologicalSorter(acyclic).static_order())
+            graphlib.TopologicalSorter(acyclic).prepare()
             break
         except graphlib.CycleError as exc:
             cycle: list[str] = exc.args[1][::-1]  # graphlib lists it against the arrows
@@ -237,20 +239,38 @@ def _check_graph(
             cyclic |= set(cycle)
             acyclic = {t: [n for n in needs if n not in cyclic]
                        for t, needs in acyclic.items() if t not in cyclic}
-    # Upstream is judged only where the whole of it is known: not through a cycle, nor through
-    # a task whose needs could not be read. In dependency order, so no recursion on long chains.
-    unknown = cyclic | (set(raw_ids) - set(graph))
-    upstream: dict[str, set[str]] = {}
-    for task_id in order:
-        needs = graph.get(task_id, [])
-        if task_id not in unknown and all(n in upstream for n in needs):
-            upstream[task_id] = set(needs).union(*(upstream[n] for n in needs))
-    return upstream
+    return Upstream(graph, cyclic | (set(raw_ids) - set(graph)))
+
+
+class Upstream:
+    """Each task's transitive needs, computed only for the tasks that ask (those with finding
+    references): all of them at once would cost O(n^2) on a long chain."""
+
+    def __init__(self, graph: dict[str, list[str]], unknown: set[str]) -> None:
+        self.graph, self.unknown = graph, unknown
+        self._cache: dict[str, set[str] | None] = {}
+
+    def of(self, task_id: str) -> set[str] | None:
+        """None where the whole of it is not known: through a cycle, or a task whose needs
+        could not be read. Iterative, so no recursion limit on long chains."""
+        if task_id not in self._cache:
+            seen: set[str] = set()
+            stack = list(self.graph.get(task_id, []))
+            known = task_id not in self.unknown
+            while stack and known:
+                need = stack.pop()
+                if need in seen:
+                    continue
+                seen.add(need)
+                known = need not in self.unknown
+                stack.extend(self.graph.get(need, []))
+            self._cache[task_id] = seen if known else None
+        return self._cache[task_id]
 
 
 def _plan_task(
     src: Located, where: Path_, spec: TaskSpec, variables: dict[str, Any], ids: set[str],
-    upstream: dict[str, set[str]], issues: list[PlanIssue],
+    upstream: Upstream, issues: list[PlanIssue],
 ) -> PlannedTask | None:
     label = f"task {spec.id!r}"
     before = len(issues)
@@ -314,22 +334,21 @@ def _plan_task(
         "kind": spec.kind, "params": spec.params, "when": spec.when,
         "preconditions": spec.preconditions, "vars": {k: variables[k] for k in sorted(used)},
     }
-    digest = hashlib.sha256(
-        json.dumps(fingerprint, sort_keys=True, default=str).encode()
-    ).hexdigest()[:16]
-    return PlannedTask(spec, cls, checks, digest, fingerprint, src.line(where))
+    spec_json = json.dumps(fingerprint, sort_keys=True, default=str)
+    digest = hashlib.sha256(spec_json.encode()).hexdigest()[:16]
+    return PlannedTask(spec, cls, checks, digest, fingerprint, spec_json, src.line(where))
 
 
 def _ref_problems(
     ref: Ref, task_id: str, variables: dict[str, Any], ids: set[str],
-    upstream: dict[str, set[str]],
+    upstream: Upstream,
 ) -> list[str]:
     if ref.task is None:
         if ref.name not in variables:
             return [f"${{{ref}}}: no var {ref.name!r}{_hint(ref.name, variables)}"]
     elif ref.task not in ids:
         return [f"${{{ref}}}: no task {ref.task!r}{_hint(ref.task, ids)}"]
-    elif task_id in upstream and ref.task not in upstream[task_id]:
+    elif (above := upstream.of(task_id)) is not None and ref.task not in above:
         return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
                 "add it to `needs` so it runs first"]
     return []

@@ -13,10 +13,12 @@ import difflib
 import importlib
 import sys
 from functools import cache
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .task import Precondition, Task
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 TASK_GROUP = "orch.tasks"
 PRECONDITION_GROUP = "orch.preconditions"
@@ -39,6 +41,8 @@ class UnknownKind(LookupError):
 
 @cache
 def _entry_points(group: str) -> dict[str, EntryPoint]:
+    from importlib.metadata import entry_points  # ~30 ms: only when a plan needs a plugin
+
     return {ep.name: ep for ep in entry_points(group=group)}
 
 

@@ -39,7 +39,7 @@ class TodoSpec:
     kind: str
     needs: Sequence[str]
     spec_hash: str
-    spec: dict[str, Any]
+    spec: str  # JSON of what the hash covers
 
 
 @dataclass(frozen=True)
@@ -158,31 +158,37 @@ class Store:
         return None if row is None else str(row[0])
 
     def sync_plan(self, specs: Sequence[TodoSpec], run_id: int | None) -> None:
-        """Insert new tasks as pending and refresh titles and order; never touch status."""
+        """Insert new tasks as pending, refresh what changed in titles, order and needs, and
+        mark tasks gone from the plan; never touch status. Writes only what differs, so
+        re-running a finished plan costs no write here."""
         now = time.time()
-        known = {row[0] for row in self.conn.execute("SELECT id FROM todos")}
+        current = {
+            r[0]: tuple(r[1:]) for r in self.conn.execute(
+                "SELECT id, position, title, priority, kind, needs, in_plan FROM todos")
+        }
         with self._tx() as c:
-            c.execute("UPDATE todos SET in_plan=0")
             for s in specs:
-                fields = (s.position, s.title, s.priority, s.kind, json.dumps(list(s.needs)), s.id)
-                if s.id in known:
-                    c.execute(
-                        "UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
-                        " in_plan=1 WHERE id=?",
-                        fields,
-                    )
+                fields = (s.position, s.title, s.priority, s.kind, json.dumps(list(s.needs)))
+                row = current.pop(s.id, None)
+                if row == (*fields, 1):
+                    continue
+                if row is not None:
+                    c.execute("UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
+                              " in_plan=1 WHERE id=?", (*fields, s.id))
                     continue
                 c.execute(
                     "INSERT INTO todos(position, title, priority, kind, needs, id, status,"
                     " spec_hash, spec, updated_at, attempts, in_plan)"
                     " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
-                    (*fields, s.spec_hash, json.dumps(s.spec), now),
+                    (*fields, s.id, s.spec_hash, s.spec, now),
                 )
                 c.execute(
                     "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id,"
                     " attempt) VALUES (?, NULL, 'pending', ?, 'added to the plan', ?, 0)",
                     (s.id, now, run_id),
                 )
+            gone = [task_id for task_id, row in current.items() if row[-1]]
+            c.executemany("UPDATE todos SET in_plan=0 WHERE id=?", [(g,) for g in gone])
 
     # --- runs ----------------------------------------------------------------------------------
 

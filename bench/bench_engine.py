@@ -1,0 +1,260 @@
+"""Engine benchmark: executor overhead per task, re-run cost, and `orch status` start-up.
+
+    python bench/bench_engine.py [--quick] [--json PATH]
+
+Every figure is measured in this run, next to `python -c pass` on the same machine, so ratios
+transfer across machines. Plans of no-op `python` tasks (bench_noop:noop) are written to a temp
+dir. The engine commits every status change: 2 SQLite transactions per task, measured below.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from contextlib import closing
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from orchestrator.executor import RunOptions, execute, runs_dir
+from orchestrator.plan import Plan, load_plan
+
+BENCH_DIR = Path(__file__).resolve().parent
+PYTHON = sys.executable
+ORCH = str(Path(PYTHON).with_name("orch"))
+ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
+    p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p), "NO_COLOR": "1"}
+PER_TASK_REF = "doit 0.09 (state at end) · Luigi 2.75 · Prefect 4.4"
+RERUN_REF = "doit 155 · Luigi 238 · Prefect 15000"
+STATUS_REF = "doit 88 · luigi 221 · prefect 1700"
+Thunk = Callable[[], object]
+# What `orch run PLAN` does, timed phase by phase inside a fresh interpreter (the bench's own
+# heap would slow load_plan's garbage collections); prints [imports, load_plan, execute] in s.
+PHASES = """
+import json, sys, time
+t0 = time.perf_counter()
+from pathlib import Path
+import orchestrator.cli
+from orchestrator.executor import RunOptions, execute
+from orchestrator.plan import load_plan
+t1 = time.perf_counter()
+plan = load_plan(Path(sys.argv[1]))
+t2 = time.perf_counter()
+execute(plan, Path(sys.argv[2]), RunOptions(console_level="warning"))
+print(json.dumps([t1 - t0, t2 - t1, time.perf_counter() - t2]))
+"""
+
+
+@dataclass
+class Row:
+    section: str
+    figure: str
+    value: float
+    unit: str
+    ratio: float | None = None  # to `python -c pass`, for whole-process start-up figures
+    ratio_bare: float | None = None  # to `python -S -c pass`: no site, no .pth finders
+    reference: str = ""
+    target: str = ""
+
+
+def write_plan(directory: Path, shape: str, n: int) -> Path:
+    """n no-op tasks: `chain` (each needs the previous) or `fan` (all need t0)."""
+    name = f"{shape}{n}"
+    lines = [f"name: {name}", "tasks:"]
+    for i in range(n):
+        lines += [f"  - id: t{i}", "    kind: python", '    params: {function: "bench_noop:noop"}']
+        if i:
+            lines.append(f"    needs: t{i - 1 if shape == 'chain' else 0}")
+    path = directory / f"{name}.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def timed(fn: Thunk) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_s(fn: Thunk, reps: int, setup: Thunk = lambda: None) -> float:
+    samples = []
+    for _ in range(reps):
+        setup()
+        samples.append(timed(fn))
+    return statistics.median(samples)
+
+
+def proc(argv: Sequence[str]) -> Thunk:
+    def run() -> None:
+        r = subprocess.run(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        if r.returncode != 0:
+            raise SystemExit(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.decode()}")
+    return run
+
+
+def round_robin(commands: Sequence[Sequence[str]], reps: int) -> list[float]:
+    """Median seconds of each command, run in turn so that drift hits all alike."""
+    samples: list[list[float]] = [[] for _ in commands]
+    for _ in range(reps):
+        for i, argv in enumerate(commands):
+            samples[i].append(timed(proc(argv)))
+    return [statistics.median(s) for s in samples]
+
+
+def executes(plan: Plan, store: Path) -> Thunk:
+    return lambda: execute(plan, store, RunOptions(console_level="warning"))
+
+
+def fresh(store: Path) -> Thunk:
+    """Remove a store and what lives beside it: WAL, lock, run logs."""
+    def clear() -> None:
+        for p in store.parent.glob(store.name + "*"):
+            p.unlink()
+        shutil.rmtree(runs_dir(store), ignore_errors=True)
+    return clear
+
+
+def commits_per_task(store: Path, n: int) -> float:
+    """Status changes the last run committed (one transaction each), per task."""
+    with closing(sqlite3.connect(store)) as c:
+        return float(c.execute("SELECT count(*) FROM transitions WHERE from_status IS NOT NULL"
+                               " AND run_id=(SELECT max(id) FROM runs)").fetchone()[0]) / n
+
+
+def sqlite_floor_s(path: Path, n: int) -> float:
+    """Bare cost of the 2n transactions a run of n tasks commits (the store's PRAGMAs)."""
+    with closing(sqlite3.connect(path, isolation_level=None)) as c:
+        c.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+                        "CREATE TABLE t(id TEXT PRIMARY KEY, status TEXT);"
+                        "CREATE TABLE log(seq INTEGER PRIMARY KEY, id TEXT, status TEXT);")
+        c.executemany("INSERT INTO t VALUES (?, 'pending')", [(f"t{i}",) for i in range(n)])
+        t0 = time.perf_counter()
+        for i in range(2 * n):
+            c.execute("BEGIN IMMEDIATE")
+            c.execute("SELECT status FROM t WHERE id=?", (f"t{i // 2}",))
+            c.execute("UPDATE t SET status='x' WHERE id=?", (f"t{i // 2}",))
+            c.execute("INSERT INTO log(id, status) VALUES (?, 'x')", (f"t{i // 2}",))
+            c.execute("COMMIT")
+        return time.perf_counter() - t0
+
+
+def bench(tmp: Path, quick: bool) -> list[Row]:
+    reps_exec, reps_proc, reps_rerun, reps_cli = (1, 2, 3, 5) if quick else (3, 5, 7, 15)
+    sys.path.insert(0, str(BENCH_DIR))
+    rows: list[Row] = []
+    ms = 1000.0
+    pass_s = median_s(proc([PYTHON, "-c", "pass"]), reps_cli)
+    warm = write_plan(tmp, "chain", 2)  # pays the one-time imports (sqlite_utils, builtins)
+    executes(load_plan(warm), tmp / "warm.db")()
+
+    # 1. Overhead per no-op task, in-process and as a whole `orch run`.
+    plans, took = {}, {}
+    for n in (100, 1000):
+        for shape in ("chain", "fan"):
+            path = plans[shape, n] = write_plan(tmp, shape, n)
+            plan, store = load_plan(path), tmp / f"{shape}{n}.db"
+            s = took[shape, n] = median_s(executes(plan, store), reps_exec, fresh(store))
+            rows.append(Row("executor", f"execute(), {shape} of {n}", s * ms / n, "ms/task",
+                            reference=PER_TASK_REF, target="≤0.2"))
+            s = median_s(proc([ORCH, "run", str(path), "-q", "--store", str(store)]),
+                         reps_proc, fresh(store))
+            rows.append(Row("executor", f"orch run - python -c pass, {shape} of {n}",
+                            (s - pass_s) * ms / n, "ms/task"))
+    for shape in ("chain", "fan"):  # without what a run pays once (schema, open, sync)
+        rows.append(Row("executor", f"execute(), marginal per task, {shape} 100→1000",
+                        (took[shape, 1000] - took[shape, 100]) * ms / 900, "ms/task"))
+    rows.append(Row("executor", "committed transactions per task (counted)",
+                    commits_per_task(tmp / "chain1000.db", 1000), "commits"))
+    floor = statistics.median(sqlite_floor_s(tmp / f"floor{i}.db", 1000) for i in range(3))
+    rows.append(Row("executor", "  bare SQLite floor for those commits", floor * ms / 1000,
+                    "ms/task"))
+
+    # 2. Re-running the finished 1000-task chain (its store is complete from the loop above).
+    path, store = plans["chain", 1000], tmp / "chain1000.db"
+    passes, wholes, phases = [], [], []
+    for _ in range(reps_rerun):  # interleaved, so that drift hits the parts and the whole alike
+        passes.append(timed(proc([PYTHON, "-c", "pass"])))
+        wholes.append(timed(proc([ORCH, "run", str(path), "-q", "--store", str(store)])))
+        phases.append(json.loads(subprocess.run([PYTHON, "-c", PHASES, str(path), str(store)],
+                                                env=ENV, check=True, capture_output=True).stdout))
+    pass_s, whole = statistics.median(passes), statistics.median(wholes)
+    imports, load, run = (statistics.median(p) for p in zip(*phases, strict=True))
+    rest = whole - pass_s - imports - load - run
+    rows += [
+        Row("rerun 1000", "orch run (whole process)", whole * ms, "ms", reference=RERUN_REF,
+            target="≤80"),
+        Row("rerun 1000", "  python -c pass", pass_s * ms, "ms"),
+        Row("rerun 1000", "  + imports (orchestrator.cli, .executor)", imports * ms, "ms"),
+        Row("rerun 1000", "  + load_plan (timed in-process)", load * ms, "ms"),
+        Row("rerun 1000", "  + execute (timed in-process)", run * ms, "ms"),
+        Row("rerun 1000", "  + rest: board print, exit (remainder)", rest * ms, "ms"),
+    ]
+
+    # 3. Cold start of `orch status` against references, all as whole processes.
+    small = write_plan(tmp, "chain", 6)
+    proc([ORCH, "run", str(small), "-q", "--store", str(tmp / "chain6.db")])()
+    cli = [
+        ("python -c pass", [PYTHON, "-c", "pass"], "9 (reference machine)", ""),
+        ("python -S -c pass (no site, no .pth)", [PYTHON, "-S", "-c", "pass"], "", ""),
+        ("python -c 'import click'", [PYTHON, "-c", "import click"], "", ""),
+        ("python -c 'import pydantic, click, ...'",
+         [PYTHON, "-c", "import pydantic, click, structlog, sqlite_utils, psutil"], "", ""),
+        ("orch status, 6-task store", [ORCH, "status", "--store", str(tmp / "chain6.db")],
+         STATUS_REF, "≤60 (6.7×)"),
+        ("orch status, 1000-task store", [ORCH, "status", "--store", str(store)],
+         STATUS_REF, "≤60 (6.7×)"),
+    ]
+    times = round_robin([c[1] for c in cli], reps_cli)
+    for (label, _, reference, target), s in zip(cli, times, strict=True):
+        rows.append(Row("cli start", label, s * ms, "ms", s / times[0], s / times[1],
+                        reference, target))
+    return rows
+
+
+def render(rows: list[Row], quick: bool) -> str:
+    out = [f"orch engine bench{' (--quick)' if quick else ''}: python {sys.version.split()[0]},"
+           f" {os.cpu_count()} CPUs, medians. Every task status change is one committed SQLite"
+           " transaction; doit writes its state only at the end."]
+    if os.environ.get("PYTHONDONTWRITEBYTECODE"):
+        out.append("note: PYTHONDONTWRITEBYTECODE is set: modules without a cached .pyc are"
+                   " compiled at every start")
+    head = (f"{'figure':<44} {'value':>8} {'unit':<7} {'/pass':>5} {'/bare':>5}  {'target':<11}"
+            " reference (issue, its machine)")
+    section = ""
+    for r in rows:
+        if r.section != section:
+            section = r.section
+            out += ["", f"[{section}]", head]
+        ratio = f"{r.ratio:.1f}×" if r.ratio is not None else ""
+        bare = f"{r.ratio_bare:.1f}×" if r.ratio_bare is not None else ""
+        value = f"{r.value:.3f}" if r.unit == "ms/task" else f"{r.value:.1f}"
+        out.append(f"{r.figure:<44} {value:>8} {r.unit:<7} {ratio:>5} {bare:>5}  {r.target:<11}"
+                   f" {r.reference}".rstrip())
+    out.append("\n/pass: ratio to `python -c pass` here (status target 60/9 ≈ 6.7×);"
+               " /bare: to `python -S -c pass`")
+    return "\n".join(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke)")
+    parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
+        rows = bench(Path(tmp), args.quick)
+    print(render(rows, args.quick))
+    if args.json:
+        args.json.write_text(json.dumps({"quick": args.quick, "python": sys.version,
+                                         "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
