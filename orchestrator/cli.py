@@ -96,6 +96,18 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
       orch run plans/demo.yaml
       orch run plans/demo.yaml --rerun build --var size=large
     """
+    from .finished import already_finished, guess_store, plan_digest
+
+    digest = plan_digest(plan_file, var_args)
+    guess = guess_store(plan_file, store_opt)
+    if (digest and guess and not (rerun or from_task or only)
+            and already_finished(guess, digest)):
+        if not (quiet or as_json):
+            click.echo("orch: nothing to do: the plan is unchanged and every task is done "
+                       "(--rerun ID to run one again)", err=True)
+        _show_status(guess, None, as_json)
+        sys.exit(EXIT_OK)
+
     import signal
 
     from .errors import Interrupted
@@ -110,7 +122,7 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
     signal.signal(signal.SIGTERM, interrupt)
     signal.signal(signal.SIGHUP, interrupt)
     options = RunOptions(keep_going, rerun, from_task, only, "warning" if quiet or as_json
-                         else "info")
+                         else "info", plan_digest=digest)
     try:
         result = execute(plan, path, options)
     except KeyboardInterrupt:

@@ -24,6 +24,7 @@ from . import runlog
 from .board import summarize
 from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
 from .findings import Finding
+from .finished import DIGEST_KEY
 from .liveness import current_identity, death_of
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask
@@ -46,6 +47,7 @@ class RunOptions:
     only: Sequence[str] = ()
     console_level: str = "info"
     argv: Sequence[str] = field(default_factory=lambda: sys.argv)
+    plan_digest: str | None = None  # recorded when the run completes (see finished.py)
 
 
 @dataclass
@@ -82,7 +84,11 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         for why in dead:
             log.warning("recovered", why=why)
         store.sync_plan(_todo_specs(plan), run_id)
-        return Runner(plan, store, run_id, log_dir, selection, options, log).run()
+        store.set_meta(DIGEST_KEY, None)
+        result = Runner(plan, store, run_id, log_dir, selection, options, log).run()
+        if result.outcome == "completed" and not result.stale:
+            store.set_meta(DIGEST_KEY, options.plan_digest)
+        return result
     finally:
         lock.release()
         store.close()

@@ -154,8 +154,22 @@ class Store:
             )
 
     def plan_name(self) -> str | None:
-        row = self.conn.execute("SELECT value FROM meta WHERE key='plan'").fetchone()
+        return self.meta("plan")
+
+    def meta(self, key: str) -> str | None:
+        row = self.conn.execute("SELECT value FROM meta WHERE key=?", (key,)).fetchone()
         return None if row is None else str(row[0])
+
+    def set_meta(self, key: str, value: str | None) -> None:
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO meta(key, value) VALUES (?, ?)", (key, value))
+
+    def all_done(self) -> bool:
+        """Every task of the plan completed or skipped, and no run open."""
+        row = self.conn.execute(
+            "SELECT count(*), sum(status IN ('completed', 'skipped')) FROM todos WHERE in_plan=1"
+        ).fetchone()
+        return bool(row[0]) and row[0] == row[1] and not self.open_runs()
 
     def sync_plan(self, specs: Sequence[TodoSpec], run_id: int | None) -> None:
         """Insert new tasks as pending, refresh what changed in titles, order and needs, and

@@ -96,3 +96,22 @@ def test_no_color_and_plain_pipes_have_no_escape_codes(pdir: PlanDir) -> None:
     plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
     r = run_orch("run", plan)
     assert "\x1b[" not in r.stdout + r.stderr
+
+
+def test_rerun_of_finished_plan_imports_nothing_heavy(pdir: PlanDir) -> None:
+    """`orch run` of a finished, unchanged plan needs neither pydantic nor yaml nor structlog."""
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    code = textwrap.dedent(f"""
+        import sys
+        from orchestrator.cli import cli
+        try:
+            cli.main(["run", {str(plan)!r}], standalone_mode=False)
+        except SystemExit:
+            pass
+        print("LOADED", sorted(m for m in {HEAVY!r} if m in sys.modules))
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
+    assert "1 tasks: 1 completed" in out
+    assert "LOADED []" in out

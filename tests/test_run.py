@@ -333,3 +333,29 @@ def test_findings_may_use_any_name(pdir: PlanDir) -> None:
     assert r.returncode == 0, r.stderr
     assert [f["key"] for f in json.loads(r.stdout)["tasks"][0]["findings"]] == [
         "task", "took", "event"]
+
+
+def test_rerun_of_finished_unchanged_plan_takes_the_fast_path(pdir: PlanDir) -> None:
+    """A finished, byte-identical plan is answered from the store: no new run, nothing runs;
+    an edit or another --var takes the full path again."""
+    plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
+    assert run_orch("run", plan).returncode == 0
+    r = run_orch("run", plan)
+    assert r.returncode == 0 and "nothing to do" in r.stderr
+    assert "4 tasks: 4 completed" in r.stdout
+    with pdir.db() as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    plan.write_text(plan.read_text() + "\n# a comment changes the bytes\n")
+    r = run_orch("run", plan)
+    assert r.returncode == 0 and "nothing to do" not in r.stderr
+    assert _log(pdir) == ["a", "b", "c", "d"]
+    with pdir.db() as conn:
+        assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 2
+
+
+def test_fast_path_is_not_taken_after_a_failure(pdir: PlanDir) -> None:
+    """A plan with a failed task is never 'finished': the next run retries it."""
+    plan = pdir.write(FORK_PLAN.format(root=pdir.root))
+    assert run_orch("run", plan).returncode == 1
+    r = run_orch("run", plan)
+    assert r.returncode == 1 and "nothing to do" not in r.stderr
