@@ -57,8 +57,13 @@ def summarize(findings: Sequence[Finding]) -> str:
     return ", ".join(parts)
 
 
+# The summary line's order: what is done, then what needs attention, then what waits.
+SUMMARY_ORDER = (Status.COMPLETED, Status.SKIPPED, Status.IN_PROGRESS, Status.FAILED,
+                 Status.BLOCKED, Status.INTERRUPTED, Status.PENDING)
+
+
 def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
-    out = {str(s): 0 for s in Status}
+    out = {str(s): 0 for s in SUMMARY_ORDER}
     for r in rows:
         out[r["status"]] += 1
     return out

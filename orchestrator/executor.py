@@ -148,6 +148,10 @@ class Runner:
         ok = all(s.done for s in in_scope)
         outcome = "completed" if ok else "failed"
         self.store.end_run(self.run_id, outcome)
+        waiting = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
+        if self.stopped_by and waiting:
+            self.log.warning("run.stopped", after=self.stopped_by, not_started=len(waiting),
+                             hint="--keep-going runs what does not depend on the failure")
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
         return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
 

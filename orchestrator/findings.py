@@ -38,7 +38,14 @@ def parse_finding_line(line: str) -> Finding | None:
     if not words or "=" not in words[0]:
         return None
     key, raw = words[0].split("=", 1)
-    extras = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    extras: dict[str, str] = {}
+    last = ""
+    for word in words[1:]:
+        name, sep, value = word.partition("=")
+        if sep and name in ("unit", "note"):
+            extras[last := name] = value
+        elif last == "note":  # `echo ::finding x=1 note=no speedup`: the shell ate the quotes
+            extras["note"] += " " + word
     return Finding(key, coerce_value(raw), extras.get("unit"), extras.get("note"))
 
 

@@ -382,6 +382,8 @@ def _validate_params(
     try:
         view = {k: resolve(v, lambda r: variables.get(r.name)) for k, v in params.items()
                 if k not in deferred}
+        # A deferred param's name is still checked now: a typo must not wait for run time.
+        view |= {k: None for k in deferred if k not in cls.Params.model_fields}
         cls.Params.model_validate(view)
     except ValidationError as exc:
         fields = list(cls.Params.model_fields)

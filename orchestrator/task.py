@@ -91,7 +91,10 @@ class Context:
             if (found := parse_finding_line(line)) is not None:
                 self.sink.finding(found)
         if result.returncode not in success_codes:
-            raise TaskError(f"{shlex.join(argv)[:200]} exited with {result.describe()}")
+            # The process's own last words say most at 2 a.m.; the command line is in the log.
+            said = [ln for ln in result.lines() if ln.strip() and not ln.startswith("::")]
+            raise TaskError(f"{result.describe()}: {said[-1][:300]}" if said else
+                            f"{result.describe()} from {shlex.join(argv)[:200]}")
         return result
 
 

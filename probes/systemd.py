@@ -74,10 +74,11 @@ class UnitProcess:
     """A process in a unit's control group."""
 
     pid: int
-    command: str  # its command line, cut short, or its name
+    command: str  # its whole command line, or [its name]
 
     def __str__(self) -> str:
-        return f"pid {self.pid} {self.command}"
+        cmd = self.command if len(self.command) <= 90 else self.command[:87] + "..."
+        return f"pid {self.pid} {cmd}"
 
 
 @dataclass(frozen=True)
@@ -288,14 +289,13 @@ def cgroup_processes(cgroup: str) -> tuple[UnitProcess, ...] | None:
     return tuple(UnitProcess(pid, _command(pid)) for pid in sorted(pids))
 
 
-def _command(pid: int, width: int = 80) -> str:
+def _command(pid: int) -> str:
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         raw = b""
     cmd = raw.rstrip(b"\0").replace(b"\0", b" ").decode("utf-8", "replace")
-    cmd = cmd or f"[{_comm(pid) or '?'}]"
-    return cmd if len(cmd) <= width else cmd[: width - 3] + "..."
+    return cmd or f"[{_comm(pid) or '?'}]"
 
 
 def _comm(pid: int) -> str:

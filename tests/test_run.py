@@ -359,3 +359,16 @@ def test_fast_path_is_not_taken_after_a_failure(pdir: PlanDir) -> None:
     assert run_orch("run", plan).returncode == 1
     r = run_orch("run", plan)
     assert r.returncode == 1 and "nothing to do" not in r.stderr
+
+
+def test_finding_line_forms() -> None:
+    """`::finding` lines: numbers stay numbers, quoted or unquoted notes, unit anywhere."""
+    from orchestrator.findings import Finding, parse_finding_line
+
+    assert parse_finding_line("::finding tok_s=63.6 unit=tok/s note=single stream") == Finding(
+        "tok_s", 63.6, "tok/s", "single stream")
+    assert parse_finding_line("::finding n=42 note='accept ~42%, no speedup' unit=%") == Finding(
+        "n", 42, "%", "accept ~42%, no speedup")
+    assert parse_finding_line("::finding version=0.5.23") == Finding("version", "0.5.23")
+    assert parse_finding_line("finding x=1") is None
+    assert parse_finding_line("::finding novalue") is None
