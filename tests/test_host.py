@@ -96,3 +96,29 @@ def test_parse_size() -> None:
     assert parse_size("50GiB") == parse_size("50G") == 50 * 2**30
     assert parse_size("500MB") == 500_000_000
     assert parse_size(10) == 10
+
+
+def test_process_tree_and_listener_probes() -> None:
+    """process_tree lists a real child and grandchild; listeners names the real holder."""
+    import subprocess
+    import time
+
+    from probes.procs import listeners, process_tree
+
+    parent = subprocess.Popen(["bash", "-c", "sleep 30 & wait"])
+    try:
+        for _ in range(100):
+            tree = process_tree(parent.pid)
+            if len(tree) >= 2:
+                break
+            time.sleep(0.02)
+        assert [p.pid for p in tree][0] == parent.pid
+        assert any(p.name == "sleep" for p in tree[1:])
+        assert "bash" in tree[0].label()
+    finally:
+        parent.kill()
+        parent.wait()
+    with _listen() as s:
+        (held,) = listeners(s.getsockname()[1])
+        assert held.process is not None and held.process.pid == os.getpid()
+        assert held.address == "127.0.0.1"
