@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import shutil
 import sqlite3
+import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -85,6 +86,8 @@ def render_board(
         status = Status(r["status"])
         mark, code = MARKS[status]
         took = format_duration(duration_of(r))
+        if status is Status.IN_PROGRESS and r["started_at"]:  # how long it has been running
+            took = format_duration(time.time() - r["started_at"]) + "…"
         tries = f"{r['attempts']}×" if r["attempts"] > 1 else ""
         if status is Status.COMPLETED and r["id"] in stale:
             extra = "stale: " + "; ".join(stale[r["id"]])
