@@ -52,7 +52,10 @@ def summarize(findings: Sequence[Finding]) -> str:
     """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
     parts = []
     for f in findings:
-        value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
+        if isinstance(f.value, bool):
+            value = "true" if f.value else "false"
+        else:
+            value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
         text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
         parts.append(f"{text} ({f.note})" if f.note else text)
     return ", ".join(parts)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import StoreError
-from .findings import Finding
+from .findings import Finding, FindingValue
 from .status import ALLOWED, Status
 
 SCHEMA_VERSION = 1
@@ -274,7 +274,7 @@ class Store:
                 c.executemany(
                     "INSERT INTO findings(task_id, attempt, key, value, unit, note, at, run_id)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(task_id, attempt, f.key, f.value, f.unit, f.note, now, run_id)
+                    [(task_id, attempt, f.key, _encode(f.value), f.unit, f.note, now, run_id)
                      for f in findings],
                 )
         return attempt
@@ -324,7 +324,7 @@ class Store:
             "SELECT f.task_id, f.key, f.value, f.unit, f.note FROM findings f"
             " JOIN todos t ON t.id = f.task_id AND f.attempt = t.attempts ORDER BY f.seq"
         ):
-            out.setdefault(r[0], []).append(Finding(r[1], r[2], r[3], r[4]))
+            out.setdefault(r[0], []).append(Finding(r[1], _decode(r[2]), r[3], r[4]))
         return out
 
     def finding(self, task_id: str, key: str) -> Finding | None:
@@ -334,7 +334,7 @@ class Store:
             " AND f.attempt=t.attempts WHERE f.task_id=? AND f.key=? ORDER BY f.seq DESC LIMIT 1",
             (task_id, key),
         ).fetchone()
-        return None if r is None else Finding(r[0], r[1], r[2], r[3])
+        return None if r is None else Finding(r[0], _decode(r[1]), r[2], r[3])
 
     def runs(self, limit: int = 20) -> list[sqlite3.Row]:
         return self.conn.execute(
@@ -350,3 +350,12 @@ class Store:
 
     def integrity_check(self) -> str:
         return str(self.conn.execute("PRAGMA integrity_check").fetchone()[0])
+
+
+# SQLite has no boolean: true/false are kept as text, so they do not come back as 1/0.
+def _encode(value: FindingValue) -> FindingValue:
+    return ("true" if value else "false") if isinstance(value, bool) else value
+
+
+def _decode(value: FindingValue) -> FindingValue:
+    return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value

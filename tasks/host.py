@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -101,20 +102,51 @@ class PackageParams(BaseModel):
         return spec
 
 
-# Run in the target interpreter: the version installed there, and whether it imports.
+# Run in the target interpreter: the version installed there, whether it imports and how long
+# that took. sys.path[0] is the cwd under `-c`: a source checkout there must not pass for installed.
 _PROBE = """
-import importlib, importlib.metadata as md, json, sys
+import importlib, importlib.metadata as md, json, sys, time
+if sys.path and sys.path[0] == "":
+    del sys.path[0]
 name, mod = sys.argv[1], sys.argv[2]
 try:
     version = md.version(name)
 except md.PackageNotFoundError:
     print(json.dumps({"version": None})); raise SystemExit
+started = time.perf_counter()
 try:
     importlib.import_module(mod); error = None
 except Exception as exc:
     error = f"{type(exc).__name__}: {exc}"
-print(json.dumps({"version": version, "import_error": error}))
+print(json.dumps({"version": version, "import_error": error,
+                  "seconds": time.perf_counter() - started}))
 """
+
+
+@dataclass(frozen=True)
+class PackageProbe:
+    """What an interpreter says about one distribution."""
+
+    version: str | None  # None: not installed
+    import_error: str | None = None
+    import_seconds: float = 0.0
+
+
+def default_import_name(package: str) -> str:
+    """The module a distribution is assumed to provide: `flash-attn` -> `flash_attn`."""
+    return package.replace("-", "_").split("[")[0]
+
+
+def probe_package(python: str, package: str, module: str,
+                  timeout: float = 120.0) -> PackageProbe | None:
+    """Ask `python` for `package`'s version and whether `module` imports; None: could not ask."""
+    try:
+        out = subprocess.run([python, "-c", _PROBE, package, module], capture_output=True,
+                             text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        info = json.loads(out.stdout.strip().splitlines()[-1])
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+    return PackageProbe(info["version"], info.get("import_error"), info.get("seconds", 0.0))
 
 
 class PythonPackage(Precondition[PackageParams]):
@@ -125,14 +157,10 @@ class PythonPackage(Precondition[PackageParams]):
     def check(self) -> CheckResult:
         p = self.params
         python = p.python or sys.executable
-        module = p.import_name or p.package.replace("-", "_").split("[")[0]
-        try:
-            out = subprocess.run([python, "-c", _PROBE, p.package, module], capture_output=True,
-                                 text=True, timeout=120, stdin=subprocess.DEVNULL)
-            info = json.loads(out.stdout.strip().splitlines()[-1])
-        except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        info = probe_package(python, p.package, p.import_name or default_import_name(p.package))
+        if info is None:
             return CheckResult(False, f"cannot ask {python} about {p.package}")
-        version = info["version"]
+        version = info.version
         if version is None:
             return CheckResult(False, f"{p.package} is not installed for {python}")
         if p.version is not None:
@@ -140,7 +168,7 @@ class PythonPackage(Precondition[PackageParams]):
 
             if not SpecifierSet(p.version).contains(version, prereleases=True):
                 return CheckResult(False, f"{p.package} {version} does not satisfy {p.version}")
-        if info["import_error"]:
+        if info.import_error:
             return CheckResult(False, f"{p.package} {version} fails to import: "
-                                      f"{info['import_error'][:200]}")
+                                      f"{info.import_error[:200]}")
         return CheckResult(True, f"{p.package} {version} imports")

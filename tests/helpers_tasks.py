@@ -35,3 +35,7 @@ class BrokenCheck(Precondition):  # type: ignore[type-arg]
 
     def check(self) -> CheckResult:
         raise ZeroDivisionError("division by zero in the check")
+
+
+def flags() -> dict[str, bool | int]:
+    return {"changed": True, "cached": False, "count": 1}

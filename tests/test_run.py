@@ -372,3 +372,17 @@ def test_finding_line_forms() -> None:
     assert parse_finding_line("::finding version=0.5.23") == Finding("version", "0.5.23")
     assert parse_finding_line("finding x=1") is None
     assert parse_finding_line("::finding novalue") is None
+
+
+def test_boolean_findings_stay_booleans(pdir: PlanDir) -> None:
+    """A finding true/false comes back as a JSON boolean, not 1/0, and shows as true."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "helpers_tasks:flags"}}
+    """)
+    r = run_orch("run", plan, "--json", env=ENV)
+    assert r.returncode == 0, r.stderr
+    values = {f["key"]: f["value"] for f in json.loads(r.stdout)["tasks"][0]["findings"]}
+    assert values == {"changed": True, "cached": False, "count": 1}
+    assert "changed=true" in run_orch("status", plan).stdout
