@@ -17,13 +17,15 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from .status import Status as Status
     from .task import CheckResult as CheckResult
     from .task import Context as Context
+    from .task import Duration as Duration
     from .task import NoParams as NoParams
     from .task import Precondition as Precondition
     from .task import Task as Task
 
 _EXPORTS = {
     "Task": "task", "Precondition": "task", "Context": "task", "Finding": "findings",
-    "CheckResult": "task", "NoParams": "task", "TaskError": "errors", "TaskTimeout": "errors",
+    "CheckResult": "task", "NoParams": "task", "Duration": "task", "TaskError": "errors",
+    "TaskTimeout": "errors",
     "Status": "status", "parse_duration": "durations",
 }
 __all__ = sorted(_EXPORTS)

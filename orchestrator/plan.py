@@ -18,13 +18,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
-from .durations import parse_duration
 from .errors import PlanError, PlanIssue
+from .task import Duration
 from .templating import Ref, compile_when, iter_refs
 from .yamlsource import Located, Path_, load_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 def _as_list(value: object) -> object:

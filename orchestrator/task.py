@@ -12,13 +12,17 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, BeforeValidator, ConfigDict
 
+from .durations import parse_duration
 from .errors import TaskError
 from .findings import Finding, FindingValue, parse_finding_line
 from .process import ProcessResult, run_process
+
+# A params field written as `30s`, `5m`, `1h30m` or seconds; pydantic holds it as float seconds.
+Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 class NoParams(BaseModel):

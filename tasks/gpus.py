@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from orchestrator import CheckResult, Context, Precondition, Task, TaskError, parse_duration
+from orchestrator import CheckResult, Context, Duration, Precondition, Task, TaskError
 from orchestrator.process import is_alive, terminate_pids
 from probes.nvml import Gpu, GpuProcess, Nvml, NvmlUnavailable, open_nvml
 from tasks.host import format_size
@@ -21,8 +21,6 @@ from tasks.host import format_size
 GIB = 1024**3
 MIB = 1024**2
 PROGRESS_EVERY = 5.0  # seconds between progress notes while nothing changes
-
-Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
 def _parse_gpus(value: object) -> object:

@@ -14,10 +14,17 @@ import dataclasses
 import time
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field
 
-from orchestrator import CheckResult, Context, Precondition, Task, TaskError, TaskTimeout
-from orchestrator import parse_duration as _parse_duration
+from orchestrator import (
+    CheckResult,
+    Context,
+    Duration,
+    Precondition,
+    Task,
+    TaskError,
+    TaskTimeout,
+)
 from orchestrator.process import is_alive, process_start_time, terminate_pids
 from probes.systemd import (
     STOPPED,
@@ -39,22 +46,16 @@ LEFTOVER_GRACE = 10.0  # seconds between SIGTERM and SIGKILL for processes a sto
 PROGRESS_EVERY = 10.0
 
 
-def _duration(value: object) -> float | None:
-    return None if value is None else _parse_duration(value)
-
-
 class UnitParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     unit: UnitName = Field(description="unit name; `.service` is added when no type is given")
-    timeout: float | None = Field(
+    timeout: Duration | None = Field(
         None, description="how long to wait for the job, e.g. 2m (default: the unit's own "
                           "TimeoutStopSec / TimeoutStartSec plus 30s)")
     kill_leftovers: bool = Field(
         False, description="end processes left in the unit's control group after it stopped "
                            "(SIGTERM, SIGKILL after 10s) instead of failing")
-
-    _timeout = field_validator("timeout", mode="before")(_duration)
 
 
 class _UnitJob(Task[UnitParams]):
