@@ -297,38 +297,55 @@ def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
 @store_option
 @click.option("--run", "run_id", type=int, help="The log of that run (default: the latest).")
 @click.option("--lines", "-n", type=int, help="Only the last N lines.")
+@click.option("--follow", "-f", is_flag=True, help="Keep printing while the task runs.")
 @click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
 def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: int | None,
-         lines: int | None, path_only: bool) -> None:
+         lines: int | None, follow: bool, path_only: bool) -> None:
     """Print the output a task's processes wrote (its latest attempt, or of --run N).
 
     \b
     Example:
       orch logs install_sglang -n 50
+      orch logs test_base -f
     """
+    import time
+
     from .executor import runs_dir
+    from .process import tail
+    from .status import Status
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
     try:
-        row = next((r for r in store.todos(True) if r["id"] == task_id), None)
+        row = store.todo(task_id)
+        if row is None:
+            raise UsageError(f"no task {task_id!r} in {path}")
+        log = (runs_dir(path) / str(run_id) / f"{task_id}.log") if run_id else (
+            Path(row["log_path"]) if row["log_path"] else None)
+        if log is None or not log.exists():
+            click.echo(f"no output recorded for {task_id}"
+                       + (f" in run {run_id}" if run_id else ""), err=True)
+            sys.exit(1)
+        if path_only:
+            click.echo(str(log))
+            return
+        with log.open("rb") as f:
+            if lines:  # only the end of the file is read: logs of a long load can be large
+                click.echo("\n".join(tail(log, lines)))
+                f.seek(0, os.SEEK_END)
+            while chunk := f.read(1 << 16):
+                click.echo(chunk.decode("utf-8", "replace"), nl=False)
+            while follow:
+                if chunk := f.read(1 << 16):
+                    click.echo(chunk.decode("utf-8", "replace"), nl=False)
+                    continue
+                now = store.todo(task_id)
+                if now is None or now["status"] != Status.IN_PROGRESS or now["log_path"] != str(
+                        log):
+                    break
+                time.sleep(0.25)
     finally:
         store.close()
-    if row is None:
-        raise UsageError(f"no task {task_id!r} in {path}")
-    log = (runs_dir(path) / str(run_id) / f"{task_id}.log") if run_id else (
-        Path(row["log_path"]) if row["log_path"] else None)
-    if log is None or not log.exists():
-        click.echo(f"no output recorded for {task_id}" + (f" in run {run_id}" if run_id else ""),
-                   err=True)
-        sys.exit(1)
-    if path_only:
-        click.echo(str(log))
-        return
-    with log.open("rb") as f:
-        data = f.read().decode("utf-8", "replace")
-    out = data.splitlines()[-lines:] if lines else data.splitlines()
-    click.echo("\n".join(out))
 
 
 @cli.command()

@@ -317,6 +317,11 @@ class Store:
         where = "" if include_removed else "WHERE in_plan=1"
         return self.conn.execute(f"SELECT * FROM todos {where} ORDER BY position").fetchall()
 
+    def todo(self, task_id: str) -> sqlite3.Row | None:
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM todos WHERE id=?", (task_id,)).fetchone()
+        return row
+
     def findings(self) -> dict[str, list[Finding]]:
         """The findings of each task's latest attempt, in the order they were recorded."""
         out: dict[str, list[Finding]] = {}

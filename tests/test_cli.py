@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import sqlite3
 import subprocess
 import sys
 import textwrap
@@ -115,3 +116,32 @@ def test_rerun_of_finished_plan_imports_nothing_heavy(pdir: PlanDir) -> None:
                          env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
     assert "1 tasks: 1 completed" in out
     assert "LOADED []" in out
+
+
+def test_logs_follow_until_the_task_ends_and_tail(pdir: PlanDir) -> None:
+    """`orch logs -f` prints output as it comes and returns when the task ends; -n tails."""
+    from conftest import start_orch, wait_for
+
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params: {command: "for i in 1 2 3; do echo line $i; sleep 0.4; done"}
+    """)
+
+    def running() -> bool:
+        try:
+            return bool(pdir.todo("a")["status"] == "in_progress")
+        except (sqlite3.Error, AssertionError):  # the store is still being created
+            return False
+
+    proc = start_orch("run", plan)
+    try:
+        wait_for(running)
+        r = run_orch("logs", "a", "-f", "--plan", plan, timeout=30)
+        assert r.stdout.splitlines()[-3:] == ["line 1", "line 2", "line 3"]
+    finally:
+        proc.communicate(timeout=30)
+    assert run_orch("logs", "a", "-n", "1", "--plan", plan).stdout == "line 3\n"
+    assert run_orch("logs", "zz", "--plan", plan).returncode == 2
