@@ -171,15 +171,17 @@ class Runner:
             return self.settle(task, Status.BLOCKED, decision.reason)
         if self.stopped_by is not None:
             return  # fail fast: nothing new starts; the task stays as it was
+        # Before anything looks at the host: a dead run's leftover would fail port.free etc.
+        self.end_leftovers(task)
         try:
             if not evaluate_when(task.spec.when, self.lookup):
                 return self.settle(task, Status.SKIPPED, f"when {task.spec.when!r} is false")
             problem = self.check_preconditions(task)
         except TemplateError as exc:
-            return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
+            self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
+            return self.stop_after(task)
         if problem is not None:
             return self.settle(task, Status.BLOCKED, problem, last_error=problem)
-        self.end_leftovers(task)
         for attempt in range(1, task.spec.retries.attempts + 1):
             if self.attempt(task, attempt):
                 return
@@ -187,6 +189,7 @@ class Runner:
                 self.log.info("task.retry", task=task.id, attempt=attempt + 1,
                               delay=task.spec.retries.delay)
                 time.sleep(task.spec.retries.delay)
+        self.stop_after(task)
 
     def attempt(self, task: PlannedTask, attempt: int) -> bool:
         """One try; True if it completed."""
@@ -253,7 +256,12 @@ class Runner:
         level = {Status.SKIPPED: "info", Status.FAILED: "error"}.get(
             to, "error" if fields.get("last_error") else "warning")
         getattr(self.log, level)(event, task=task.id, why=reason)
-        if to in (Status.FAILED, Status.BLOCKED) and not self.options.keep_going:
+        if to is Status.BLOCKED:  # a failure stops the run only after its last attempt (visit)
+            self.stop_after(task)
+
+    def stop_after(self, task: PlannedTask) -> None:
+        """Fail fast: after this task's failure nothing new starts (unless --keep-going)."""
+        if not self.options.keep_going:
             self.stopped_by = self.stopped_by or task.id
 
     # --- helpers -------------------------------------------------------------------------------
@@ -312,7 +320,7 @@ class Runner:
     def end_leftovers(self, task: PlannedTask) -> None:
         """End what a dead run's attempt of this task left running, before running it again."""
         row = self.rows.get(task.id)
-        if row is None or row["pgid"] is None or Status(row["status"]) is not Status.INTERRUPTED:
+        if row is None or row["pgid"] is None or row["status"] == Status.COMPLETED:
             return
         marker = (PROCESS_MARKER, f"{row['run_id']}:{task.id}:{row['attempts']}")
         ended = terminate_group(row["pgid"], grace=10.0, marker=marker)

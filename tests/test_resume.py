@@ -235,3 +235,32 @@ def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> Non
     # Each task ran once, except at most one per kill that was in flight when it died.
     assert sorted(set(lines), key=int) == [str(i) for i in range(30)]
     assert len(lines) - 30 <= 4
+
+
+def test_leftover_that_fails_a_precondition_is_ended_first(pdir: PlanDir) -> None:
+    """A dead run's leftover would fail the task's own precondition: it is ended before the check."""
+    tag = f"orch-leftover-{os.getpid()}"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: serve
+            kind: shell
+            preconditions: [{{kind: command, command: "! pgrep -f '[o]{tag[1:]}'"}}]
+            params:
+              command: |
+                [ -e {pdir.root}/second ] && exit 0
+                python3 -c "import time; time.sleep(300)" {tag} &
+                echo "$!" > {pdir.root}/child.pid
+                wait
+    """)
+    proc = start_orch("run", plan)
+    child_file = pdir.root / "child.pid"
+    wait_for(lambda: child_file.exists() and child_file.read_text().strip() != "", what="child")
+    child = int(child_file.read_text())
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    assert pid_alive(child)
+    (pdir.root / "second").touch()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert not pid_alive(child)

@@ -386,3 +386,19 @@ def test_boolean_findings_stay_booleans(pdir: PlanDir) -> None:
     values = {f["key"]: f["value"] for f in json.loads(r.stdout)["tasks"][0]["findings"]}
     assert values == {"changed": True, "cached": False, "count": 1}
     assert "changed=true" in run_orch("status", plan).stdout
+
+
+def test_success_on_retry_does_not_stop_the_run(pdir: PlanDir) -> None:
+    """A task that fails once then passes lets its dependents run; the run exits 0."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: flaky
+            kind: shell
+            retries: {{attempts: 2, delay: 10ms}}
+            params: {{command: "echo x >> {pdir.root}/n; [ $(wc -l < {pdir.root}/n) -ge 2 ]"}}
+          - {{id: after, kind: shell, needs: [flaky], params: {{command: "true"}}}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert pdir.statuses() == {"flaky": "completed", "after": "completed"}
