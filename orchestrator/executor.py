@@ -10,6 +10,7 @@ from __future__ import annotations
 import graphlib
 import heapq
 import shlex
+import signal
 import sys
 import time
 import traceback
@@ -23,12 +24,12 @@ import structlog
 from . import runlog
 from .board import summarize
 from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
-from .findings import Finding
+from .findings import Finding, checked
 from .finished import DIGEST_KEY
 from .liveness import current_identity, death_of
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask
-from .process import tail, terminate_group
+from .process import INTERRUPTS, tail, terminate_group
 from .selection import Action, Selection, decide
 from .status import Status
 from .store import Store, TodoSpec
@@ -103,6 +104,8 @@ def _close_dead_runs(store: Store) -> list[str]:
         why = death_of(run) or f"orchestrator pid {run['pid']} (run #{run['id']}) ended unrecorded"
         for task_id in store.mark_dead_run(run, why):
             notes.append(f"{task_id}: interrupted ({why})")
+    # A run interrupted between two commits may have closed without its task: same treatment.
+    notes += [f"{task_id}: interrupted (its run had ended)" for task_id in store.interrupt_strays()]
     return notes
 
 
@@ -141,8 +144,14 @@ class Runner:
                 sorter.done(task_id)
                 push(sorter.get_ready())
         except KeyboardInterrupt as exc:
-            self.store.end_run(self.run_id, "interrupted")
-            self.log.error("run.interrupted", by=_signal_name(exc))
+            # Wherever the interrupt landed (even between two commits), close the run and its
+            # tasks together; a second Ctrl-C is held back until that is committed.
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+            try:
+                self.store.close_run(self.run_id, "interrupted", f"stopped by {_signal_name(exc)}")
+                self.log.error("run.interrupted", by=_signal_name(exc))
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
         in_scope = [self.statuses[i] for i in self.selection.scope]
         ok = all(s.done for s in in_scope)
@@ -336,7 +345,7 @@ class _Sink:
         self.runner, self.task_id, self.findings = runner, task_id, findings
 
     def finding(self, finding: Finding) -> None:
-        self.findings.append(finding)
+        self.findings.append(checked(finding))
 
     def process_started(self, pgid: int, started_at: float) -> None:
         self.runner.store.set_process(self.task_id, pgid, started_at)

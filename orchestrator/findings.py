@@ -5,6 +5,8 @@ Leaf module (no pydantic): the store and the board read findings on the fast `st
 
 from __future__ import annotations
 
+import math
+import re
 import shlex
 from dataclasses import dataclass
 
@@ -50,10 +52,28 @@ def parse_finding_line(line: str) -> Finding | None:
 
 
 def coerce_value(raw: str) -> FindingValue:
-    """'42' -> 42, '0.42' -> 0.42, anything else stays text."""
-    for kind in (int, float):
-        try:
-            return kind(raw)
-        except ValueError:
-            pass
+    """'42' -> 42, '0.42' -> 0.42; anything that would not print back the same stays text
+    ('12.10', '1e5', '007', '1_000', 'nan', a 30-digit integer), so nothing is corrupted."""
+    if _NUMBER.fullmatch(raw):
+        if "." not in raw and _INT64_MIN <= (n := int(raw)) <= _INT64_MAX:
+            return n
+        if "." in raw and repr(f := float(raw)) == raw and math.isfinite(f):
+            return f
     return raw
+
+
+def checked(finding: Finding) -> Finding:
+    """A finding the store can keep exactly: SQLite integers are 64-bit, and only plain
+    scalars have a meaning on the board; a value outside that is kept as its text."""
+    value = finding.value
+    if isinstance(value, bool | str):
+        return finding
+    if isinstance(value, int) and _INT64_MIN <= value <= _INT64_MAX:
+        return finding
+    if isinstance(value, float) and math.isfinite(value):
+        return finding
+    return Finding(finding.key, str(value), finding.unit, finding.note)
+
+
+_NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1

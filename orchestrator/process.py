@@ -90,11 +90,11 @@ def run_process(
             if on_wait is not None and now >= next_note:
                 on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
                 next_note = now + PROGRESS_EVERY
+        # The leader is done; helpers it left in the group must not outlive the task.
+        terminate_group(proc.pid, grace, proc)
     except BaseException:
         terminate_group(proc.pid, grace, proc)
         raise
-    # The leader is done; helpers it left in the group must not outlive the task.
-    terminate_group(proc.pid, grace, proc)
     return ProcessResult(proc.returncode, time.monotonic() - started, log_path, offset)
 
 
@@ -116,7 +116,24 @@ def terminate_group(
 def terminate_pids(
     pids: list[int], grace: float, leader: subprocess.Popen[bytes] | None = None
 ) -> list[int]:
-    """SIGTERM `pids`, wait up to `grace` seconds for them to go, then SIGKILL the rest."""
+    """SIGTERM `pids`, wait up to `grace` seconds for them to go, then SIGKILL the rest.
+
+    Ctrl-C and SIGTERM to orch are held back meanwhile (and delivered after): a second Ctrl-C
+    during the grace period must not leave the group half-ended.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        return _terminate(pids, grace, leader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _terminate(
+    pids: list[int], grace: float, leader: subprocess.Popen[bytes] | None
+) -> list[int]:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):

@@ -230,26 +230,39 @@ class Store:
         return self.conn.execute("SELECT * FROM runs WHERE ended_at IS NULL").fetchall()
 
     def mark_dead_run(self, run: sqlite3.Row, why: str) -> list[str]:
-        """Close a run whose orchestrator died; its in-progress tasks become interrupted.
+        """Close a run whose orchestrator died (outcome `crashed`); see close_run."""
+        return self.close_run(run["id"], "crashed", why)
+
+    def close_run(self, run_id: int, outcome: str, why: str) -> list[str]:
+        """End a run and mark its in-progress tasks interrupted, in one transaction.
 
         Returns the ids of those tasks. Their recorded process group stays in the row so that
-        the next run can end what the dead run left behind before retrying.
+        the next run can end what was left behind before retrying.
         """
         now = time.time()
         with self._tx() as c:
-            ids = [
-                r[0]
-                for r in c.execute(
-                    "SELECT id FROM todos WHERE status='in_progress' AND run_id=?", (run["id"],)
-                )
-            ]
+            ids = [r[0] for r in c.execute(
+                "SELECT id FROM todos WHERE status='in_progress' AND run_id=?", (run_id,))]
             for task_id in ids:
-                self._transition(c, task_id, Status.INTERRUPTED, why, run["id"], now, ended_at=now)
-            c.execute(
-                "UPDATE runs SET ended_at=?, outcome='crashed' WHERE id=? AND ended_at IS NULL",
-                (now, run["id"]),
-            )
+                self._transition(c, task_id, Status.INTERRUPTED, why, run_id, now, ended_at=now)
+            c.execute("UPDATE runs SET ended_at=?, outcome=? WHERE id=? AND ended_at IS NULL",
+                      (now, outcome, run_id))
         return ids
+
+    def interrupt_strays(self) -> list[str]:
+        """Tasks still in progress under a run that has ended (only the lock holder may ask:
+        then nothing is really running). They become interrupted."""
+        now = time.time()
+        with self._tx() as c:
+            rows = c.execute(
+                "SELECT t.id, t.run_id FROM todos t LEFT JOIN runs r ON r.id = t.run_id"
+                " WHERE t.status='in_progress' AND (r.ended_at IS NOT NULL OR r.id IS NULL)"
+            ).fetchall()
+            for task_id, run_id in rows:
+                self._transition(c, task_id, Status.INTERRUPTED,
+                                 f"left in progress by run #{run_id}, which has ended", run_id,
+                                 now, ended_at=now)
+        return [r[0] for r in rows]
 
     # --- transitions ---------------------------------------------------------------------------
 

@@ -264,3 +264,27 @@ def test_leftover_that_fails_a_precondition_is_ended_first(pdir: PlanDir) -> Non
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stdout + r.stderr
     assert not pid_alive(child)
+
+
+def test_task_left_in_progress_by_a_closed_run_is_recovered(pdir: PlanDir) -> None:
+    """A run that closed between two commits, with its task still in progress, does not wedge
+    the store: the next run marks the task interrupted and runs it."""
+    from orchestrator.liveness import current_identity
+    from orchestrator.status import Status
+    from orchestrator.store import Store, TodoSpec
+
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
+    store = Store.open(pdir.store_path())
+    try:
+        store.bind_plan("t")
+        run_id = store.begin_run(current_identity(), str(plan), "test", pdir.root)
+        store.sync_plan([TodoSpec("a", 0, "a", "medium", "shell", [], "x", "{}")], run_id)
+        store.transition("a", Status.IN_PROGRESS, "attempt 1/1", run_id)
+        store.end_run(run_id, "interrupted")  # the task's own commit never happened
+    finally:
+        store.close()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert pdir.transitions("a")[-3:] == [("in_progress", "interrupted"),
+                                          ("interrupted", "in_progress"),
+                                          ("in_progress", "completed")]

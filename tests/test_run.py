@@ -402,3 +402,21 @@ def test_success_on_retry_does_not_stop_the_run(pdir: PlanDir) -> None:
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
     assert pdir.statuses() == {"flaky": "completed", "after": "completed"}
+
+
+def test_odd_finding_values_are_kept_as_text_not_corrupted(pdir: PlanDir) -> None:
+    """Values that would not survive as numbers stay text; a huge integer does not crash."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params:
+              command: >-
+                echo ::finding cuda=12.10; echo ::finding sha=1e51234;
+                echo ::finding big=99999999999999999999; echo ::finding n=7
+    """)
+    r = run_orch("run", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    values = {f["key"]: f["value"] for f in json.loads(r.stdout)["tasks"][0]["findings"]}
+    assert values == {"cuda": "12.10", "sha": "1e51234", "big": "99999999999999999999", "n": 7}
