@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
+from .process import terminate_group
 from .task import CheckResult, Context, Precondition, Task
 
 
@@ -132,16 +133,19 @@ class CommandSucceeds(Precondition[CommandParams]):
     shell_params = frozenset({"command"})
 
     def check(self) -> CheckResult:
+        cmd = self.params.command
+        proc = subprocess.Popen(
+            ["bash", "-o", "pipefail", "-c", cmd], stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+        )
         try:
-            proc = subprocess.run(
-                ["bash", "-o", "pipefail", "-c", self.params.command],
-                capture_output=True, text=True, timeout=self.params.timeout,
-                stdin=subprocess.DEVNULL, start_new_session=True,
-            )
+            output, _ = proc.communicate(timeout=self.params.timeout)
         except subprocess.TimeoutExpired:
-            return CheckResult(False, f"`{self.params.command}` did not finish in "
-                                      f"{self.params.timeout:.0f}s")
-        out = (proc.stdout + proc.stderr).strip().splitlines()
+            return CheckResult(False, f"`{cmd}` did not finish in {self.params.timeout:.0f}s")
+        finally:  # on a timeout or Ctrl-C too: nothing the check started outlives it
+            terminate_group(proc.pid, grace=2.0, leader=proc)
+            proc.communicate()
+        out = output.strip().splitlines()
         # The command's own last words say most; the command line only when it said nothing.
-        found = out[-1][:300] if out else f"`{self.params.command}` exited {proc.returncode}"
+        found = out[-1][:300] if out else f"`{cmd}` exited {proc.returncode}"
         return CheckResult(proc.returncode == 0, found)

@@ -96,8 +96,16 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
       orch run plans/demo.yaml
       orch run plans/demo.yaml --rerun build --var size=large
     """
+    import signal
+
+    from .errors import Interrupted
     from .finished import already_finished, guess_store, plan_digest
 
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
+    signal.signal(signal.SIGHUP, interrupt)
     digest = plan_digest(plan_file, var_args)
     guess = guess_store(plan_file, store_opt)
     if (digest and guess and not (rerun or from_task or only)
@@ -108,25 +116,17 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
         _show_status(guess, None, as_json)
         sys.exit(EXIT_OK)
 
-    import signal
-
-    from .errors import Interrupted
     from .executor import RunOptions, execute
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupt)
-    signal.signal(signal.SIGHUP, interrupt)
     options = RunOptions(keep_going, rerun, from_task, only, "warning" if quiet or as_json
                          else "info", plan_digest=digest)
     try:
         result = execute(plan, path, options)
     except KeyboardInterrupt:
-        _show_status(path, plan, as_json, stream=sys.stderr)
+        # The board goes to stderr (stdout may be piped on); --json always to stdout.
+        _show_status(path, plan, as_json, stream=None if as_json else sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     _show_status(path, plan, as_json, stale=result.stale)
     sys.exit(result.exit_code)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import re
 
+MAX_SECONDS = 365 * 86400.0
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|m|h|d)")
 
@@ -33,6 +34,8 @@ def parse_duration(value: object) -> float:
         raise ValueError(f"{value!r} is not a duration (write e.g. 30s, 5m, 1h30m)")
     if seconds < 0:
         raise ValueError(f"{value!r} is negative")
+    if seconds > MAX_SECONDS:  # beyond this, time arithmetic overflows mid-run
+        raise ValueError(f"{value!r} is longer than 365 days")
     return seconds
 
 

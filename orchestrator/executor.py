@@ -84,10 +84,12 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         log = structlog.get_logger().bind(run=run_id)
         for why in dead:
             log.warning("recovered", why=why)
-        store.sync_plan(_todo_specs(plan), run_id)
         store.set_meta(DIGEST_KEY, None)
+        store.sync_plan(_todo_specs(plan), run_id)
         result = Runner(plan, store, run_id, log_dir, selection, options, log).run()
-        if result.outcome == "completed" and not result.stale:
+        # Only a run that looked at every task can vouch that none is stale (finished.py).
+        whole_plan = not (options.only or options.from_task)
+        if result.outcome == "completed" and not result.stale and whole_plan:
             store.set_meta(DIGEST_KEY, options.plan_digest)
         return result
     finally:

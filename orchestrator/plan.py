@@ -366,7 +366,8 @@ def _validate_params(
 
     for name in sorted(cls.shell_params & params.keys()):
         if isinstance(params[name], str):
-            issues += [src.issue((*at, name), f"{label}: {ref} is inside quotes in param "
+            issues += [src.issue((*at, name), f"{label}: {ref} is inside quotes or a heredoc in "
+                                 f"param "
                                  f"{name!r}: orch shell-quotes every value itself, so write it "
                                  f"bare, or assign it first: v={ref}; echo \"$v\"")
                        for ref in quoted_refs(params[name])]

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .errors import TaskTimeout
 
@@ -101,7 +102,7 @@ def run_process(
 def terminate_group(
     pgid: int,
     grace: float,
-    leader: subprocess.Popen[bytes] | None = None,
+    leader: subprocess.Popen[Any] | None = None,
     marker: tuple[str, str] | None = None,
 ) -> list[int]:
     """SIGTERM every live process of group `pgid`, SIGKILL what remains after `grace` seconds.
@@ -114,7 +115,7 @@ def terminate_group(
 
 
 def terminate_pids(
-    pids: list[int], grace: float, leader: subprocess.Popen[bytes] | None = None
+    pids: list[int], grace: float, leader: subprocess.Popen[Any] | None = None
 ) -> list[int]:
     """SIGTERM `pids`, wait up to `grace` seconds for them to go, then SIGKILL the rest.
 
@@ -132,7 +133,7 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def _terminate(
-    pids: list[int], grace: float, leader: subprocess.Popen[bytes] | None
+    pids: list[int], grace: float, leader: subprocess.Popen[Any] | None
 ) -> list[int]:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:

@@ -88,17 +88,39 @@ def resolve(value: Any, lookup: Lookup, quote: bool = False) -> Any:
     return value
 
 
+_HEREDOC = re.compile(r"<<(-?)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+
+
 def quoted_refs(command: str) -> list[str]:
-    """References written inside '...' or "..." in a shell command.
+    """References written inside '...', "..." or an unquoted heredoc in a shell command.
 
     resolve() shell-quotes each value; inside quotes that quoting is undone ("'$(x)'" runs x),
-    so such a reference is refused when the plan loads.
+    and in a heredoc body the quotes are literal text and $(...) still runs, so such a
+    reference is refused when the plan loads. Comments are skipped.
     """
-    found, quote, i = [], "", 0
+    found: list[str] = []
+    quote, i, heredocs = "", 0, []
     while i < len(command):
         c = command[i]
         if c == "\\" and quote != "'":
             i += 2
+            continue
+        if not quote and c == "#" and (i == 0 or command[i - 1] in " \t\n;&|("):
+            i = _line_end(command, i)  # a comment: its apostrophes are not quotes
+            continue
+        if (not quote and not command.startswith("<<<", i)
+                and (m := _HEREDOC.match(command, i))):
+            heredocs.append((m.group(3), bool(m.group(2)), bool(m.group(1))))
+            i = m.end()
+            continue
+        if not quote and c == "\n" and heredocs:
+            for delimiter, literal, dash in heredocs:  # bodies follow the line, in order
+                start = i + 1
+                i = _heredoc_end(command, start, delimiter, dash)
+                if not literal:
+                    found += [m.group(0) for m in _TEMPLATE.finditer(command[start:i])
+                              if not m.group(1)]
+            heredocs = []
             continue
         if c in "'\"" and quote in ("", c):
             quote = "" if quote else c
@@ -107,6 +129,23 @@ def quoted_refs(command: str) -> list[str]:
             found.append(command[i : end + 1 if end >= 0 else len(command)])
         i += 1
     return found
+
+
+def _line_end(text: str, i: int) -> int:
+    end = text.find("\n", i)
+    return len(text) if end < 0 else end
+
+
+def _heredoc_end(text: str, start: int, delimiter: str, dash: bool) -> int:
+    """Where the heredoc body that starts at `start` ends (at its delimiter line)."""
+    i = start
+    while i < len(text):
+        end = _line_end(text, i)
+        line = text[i:end].lstrip("\t") if dash else text[i:end]
+        if line == delimiter:
+            return i - 1 if i > start else i
+        i = end + 1
+    return len(text)
 
 
 def _format(value: Any) -> str:

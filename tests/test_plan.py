@@ -1023,7 +1023,8 @@ def test_orch_validate_yaml_syntax_error(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("command", [
-    'echo "${vars.x}"', "echo '${vars.x}'", 'echo "a \\" ${vars.x}"'])
+    'echo "${vars.x}"', "echo '${vars.x}'", 'echo "a \\" ${vars.x}"',
+    "cat <<EOF\n${vars.x}\nEOF", "# don't\necho '${vars.x}'"])
 def test_reference_inside_quotes_in_a_shell_command_is_refused(tmp_path: Path,
                                                                command: str) -> None:
     """Quotes would undo orch's own quoting ("'$(x)'" runs x): refused, with the way out."""

@@ -238,7 +238,7 @@ def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> Non
 
 
 def test_leftover_that_fails_a_precondition_is_ended_first(pdir: PlanDir) -> None:
-    """A dead run's leftover would fail the task's own precondition: it is ended before the check."""
+    """A dead run's leftover would fail the task's precondition: it is ended before the check."""
     tag = f"orch-leftover-{os.getpid()}"
     plan = pdir.write(f"""
         name: t
