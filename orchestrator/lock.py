@@ -11,7 +11,6 @@ import json
 import os
 import time
 from pathlib import Path
-from types import TracebackType
 
 from .errors import StoreLocked
 
@@ -25,9 +24,17 @@ class RunLock:
     def acquire(self, holder: dict[str, object]) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+        # `orch status` takes the lock for a moment to see whether a run is alive: retry
+        # briefly, so such a glance is not mistaken for a live run.
+        deadline = time.monotonic() + 0.5
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() < deadline:
+                    time.sleep(0.02)
+                    continue
             os.close(fd)
             raise StoreLocked(f"{self.path.name[:-5]} is in use by {self.describe_holder()}; "
                               "wait for that run to end, or stop it") from None
@@ -72,11 +79,3 @@ class RunLock:
         if self._fd is not None:
             os.close(self._fd)  # closing drops the flock; the file stays for the next run
             self._fd = None
-
-    def __enter__(self) -> RunLock:
-        return self
-
-    def __exit__(
-        self, t: type[BaseException] | None, v: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.release()

@@ -143,7 +143,7 @@ def _terminate(
         while time.monotonic() < end:
             if leader is not None:
                 leader.poll()  # reap the leader so it does not linger as a zombie
-            if not any(_alive(pid) for pid in pids):
+            if not any(is_alive(pid) for pid in pids):
                 return pids
             time.sleep(0.02)
     return pids
@@ -167,10 +167,6 @@ def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]
 
 def is_alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
-    return _alive(pid)
-
-
-def _alive(pid: int) -> bool:
     stat = _stat_fields(pid)
     return stat is not None and stat[2] not in ("Z", "X")
 

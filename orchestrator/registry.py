@@ -64,7 +64,7 @@ def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
     elif ":" in kind:
         try:
             cls = _import(kind)
-        except (ImportError, AttributeError) as exc:
+        except Exception as exc:  # ImportError, AttributeError, or `:` alone (ValueError)
             raise UnknownKind(f"cannot import {noun} {kind!r}: {exc}") from None
     else:
         close = difflib.get_close_matches(kind, known_kinds(group), n=1)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
@@ -141,4 +141,3 @@ class Precondition(Generic[P]):
 TaskClass = type[Task[Any]]
 PreconditionClass = type[Precondition[Any]]
 Kind = TaskClass | PreconditionClass
-ProgressCallback = Callable[[str], None]

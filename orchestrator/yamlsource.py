@@ -62,6 +62,12 @@ def load_yaml(path: Path) -> Located:
         located.data = _construct(node, (), located)
     except _DuplicateKey as exc:
         raise PlanError([PlanIssue(file, exc.line, f"duplicate key {exc.key!r}")]) from None
+    except yaml.MarkedYAMLError as exc:  # an unknown tag, `!!int abc`
+        mark = exc.problem_mark or exc.context_mark
+        raise PlanError([PlanIssue(file, mark.line + 1 if mark else None,
+                                   f"YAML error: {exc.problem or exc.context}")]) from None
+    except (TypeError, ValueError, RecursionError) as exc:  # `? [a, b]`, a self-referring alias
+        raise PlanError([PlanIssue(file, None, f"unsupported YAML: {exc}")]) from None
     return located
 
 

@@ -1044,3 +1044,26 @@ def test_bare_and_escaped_references_in_shell_are_fine(tmp_path: Path) -> None:
     path.write_text("name: t\nvars: {x: 1}\ntasks:\n  - id: a\n    kind: shell\n"
                     "    params: {command: 'echo ${vars.x} \"$${HOME}\"'}\n")
     assert load_plan(path).tasks[0].id == "a"
+
+
+@pytest.mark.parametrize("text", [
+    "? [a, b]\n: 1\n",
+    "name: t\ntasks: [{id: a, kind: shell, params: {command: !foo 'true'}}]\n",
+    "name: t\nvars: {n: !!int abc}\ntasks: [{id: a, kind: shell}]\n",
+    "name: t\nvars: &v {self: *v}\ntasks: [{id: a, kind: shell}]\n",
+    "name: t\ntasks: [{id: a, kind: ':'}]\n",
+])
+def test_strange_yaml_is_a_plan_error_not_a_traceback(tmp_path: Path, text: str) -> None:
+    """Odd YAML (complex keys, unknown tags, bad casts, recursive aliases, `:` kinds): exit 2."""
+    path = tmp_path / "plan.yaml"
+    path.write_text(text)
+    with pytest.raises(PlanError) as info:
+        load_plan(path)
+    assert all(i.file == str(path) for i in info.value.issues)
+
+
+def test_durations_beyond_a_year_are_refused() -> None:
+    """A duration so long that time arithmetic would overflow is a plan error."""
+    for value in (1.0e300, "400d"):
+        with pytest.raises(ValueError, match="longer than 365 days"):
+            parse_duration(value)
