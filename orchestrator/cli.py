@@ -186,19 +186,14 @@ def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool =
 
 
 def _close_dead_runs_if_free(store: Store) -> None:
-    """If no run holds the lock, open runs are dead: record that (and interrupted tasks)."""
-    if not any(True for _ in store.open_runs()):
+    """If no run holds the lock, record the open runs that are dead, and their tasks."""
+    if not store.open_runs():
         return
-    from .liveness import death_of
+    from .liveness import close_dead_runs
     from .lock import RunLock
 
-    lock = RunLock(store.path)
-    if not lock.try_probe():
-        return
-    for run in store.open_runs():
-        why = death_of(run)
-        if why is not None:
-            store.mark_dead_run(run, why)
+    if RunLock(store.path).try_probe():
+        close_dead_runs(store, holding_lock=False)
 
 
 def _stale_of(plan: Plan, rows: Any) -> dict[str, Any]:

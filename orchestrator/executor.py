@@ -26,7 +26,7 @@ from .board import summarize
 from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
 from .findings import Finding, checked
 from .finished import DIGEST_KEY
-from .liveness import current_identity, death_of
+from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask
 from .process import INTERRUPTS, tail, terminate_group
@@ -74,7 +74,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         who = current_identity()
         lock.acquire({"pid": who.pid, "host": who.host, "argv": shlex.join(options.argv)})
         store.bind_plan(plan.name)
-        dead = _close_dead_runs(store)
+        dead = close_dead_runs(store, holding_lock=True)
         run_id = store.next_run_id()
         log_dir = runs_dir(store_path) / str(run_id)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -97,18 +97,6 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.close()
         if events is not None:
             events.close()
-
-
-def _close_dead_runs(store: Store) -> list[str]:
-    """We hold the lock, so no run recorded as open is alive: close each, saying why."""
-    notes = []
-    for run in store.open_runs():
-        why = death_of(run) or f"orchestrator pid {run['pid']} (run #{run['id']}) ended unrecorded"
-        for task_id in store.mark_dead_run(run, why):
-            notes.append(f"{task_id}: interrupted ({why})")
-    # A run interrupted between two commits may have closed without its task: same treatment.
-    notes += [f"{task_id}: interrupted (its run had ended)" for task_id in store.interrupt_strays()]
-    return notes
 
 
 def _todo_specs(plan: Plan) -> list[TodoSpec]:

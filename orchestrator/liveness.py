@@ -12,7 +12,7 @@ import socket
 import sqlite3
 
 from .process import boot_id, process_start_time
-from .store import RunIdentity
+from .store import RunIdentity, Store
 
 
 def current_identity() -> RunIdentity:
@@ -33,3 +33,24 @@ def death_of(run: sqlite3.Row) -> str | None:
     if abs(started - run["pid_started_at"]) > 0.05:
         return f"{who} died while the task ran (its pid now belongs to another process)"
     return None
+
+
+def close_dead_runs(store: Store, holding_lock: bool) -> list[str]:
+    """Close the runs recorded as open whose orchestrator is gone; their tasks become
+    interrupted. Returns one note per task, for the log.
+
+    The lock holder knows no other run is alive, so it also closes runs it cannot judge
+    (another host) and recovers tasks left in progress under an ended run; anyone else (status)
+    closes only what death_of proves dead, and only when the lock is free.
+    """
+    notes = []
+    for run in store.open_runs():
+        why = death_of(run)
+        if why is None and not holding_lock:
+            continue
+        why = why or f"orchestrator pid {run['pid']} (run #{run['id']}) ended unrecorded"
+        notes += [f"{task_id}: interrupted ({why})" for task_id in store.mark_dead_run(run, why)]
+    if holding_lock:  # a run interrupted between two commits may have left its task behind
+        notes += [f"{task_id}: interrupted (its run had ended)"
+                  for task_id in store.interrupt_strays()]
+    return notes
