@@ -326,9 +326,10 @@ class Store:
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def todos(self, include_removed: bool = False) -> list[sqlite3.Row]:
-        where = "" if include_removed else "WHERE in_plan=1"
-        return self.conn.execute(f"SELECT * FROM todos {where} ORDER BY position").fetchall()
+    def todos(self) -> list[sqlite3.Row]:
+        """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown)."""
+        return self.conn.execute(
+            "SELECT * FROM todos WHERE in_plan=1 ORDER BY position").fetchall()
 
     def todo(self, task_id: str) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(
@@ -366,8 +367,6 @@ class Store:
         ).fetchall()
         return rows[::-1]
 
-    def integrity_check(self) -> str:
-        return str(self.conn.execute("PRAGMA integrity_check").fetchone()[0])
 
 
 # SQLite has no boolean: true/false are kept as text, so they do not come back as 1/0.

@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import Annotated, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -91,13 +91,15 @@ class Context:
             on_start=self.sink.process_started,
             on_wait=self.sink.progress,
         )
+        last_words = ""  # one pass: a server's log can be large
         for line in result.lines():
             if (found := parse_finding_line(line)) is not None:
                 self.sink.finding(found)
+            elif line.strip() and not line.startswith("::"):
+                last_words = line
         if result.returncode not in success_codes:
             # The process's own last words say most at 2 a.m.; the command line is in the log.
-            said = [ln for ln in result.lines() if ln.strip() and not ln.startswith("::")]
-            raise TaskError(f"{result.describe()}: {said[-1][:300]}" if said else
+            raise TaskError(f"{result.describe()}: {last_words[:300]}" if last_words else
                             f"{result.describe()} from {shlex.join(argv)[:200]}")
         return result
 
@@ -137,7 +139,3 @@ class Precondition(Generic[P]):
     def check(self) -> CheckResult:
         raise NotImplementedError
 
-
-TaskClass = type[Task[Any]]
-PreconditionClass = type[Precondition[Any]]
-Kind = TaskClass | PreconditionClass

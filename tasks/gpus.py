@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Sequence
-from typing import Annotated, Literal
+from collections.abc import Callable, Sequence
+from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -18,6 +18,7 @@ from orchestrator.process import is_alive, terminate_pids
 from probes.nvml import Gpu, GpuProcess, Nvml, NvmlUnavailable, open_nvml
 from tasks.host import format_size
 
+T = TypeVar("T")
 GIB = 1024**3
 MIB = 1024**2
 PROGRESS_EVERY = 5.0  # seconds between progress notes while nothing changes
@@ -106,6 +107,15 @@ def _indices(gpus: Sequence[Gpu]) -> str:
     return ", ".join(str(g.index) for g in gpus)
 
 
+def _once(look: Callable[[Nvml], T]) -> T | NvmlUnavailable:
+    """One look through a fresh NVML session (a precondition's check), closed after."""
+    nvml = open_nvml()
+    if isinstance(nvml, NvmlUnavailable):
+        return nvml
+    with nvml:
+        return look(nvml)
+
+
 def _look(nvml: Nvml, wanted: list[int | str] | Literal["all"]) -> list[Gpu] | str:
     """The selected GPUs with their processes, or what went wrong, in one sentence."""
     listing = nvml.snapshot(processes=False)  # cheap: only to resolve indices and UUIDs
@@ -134,13 +144,9 @@ class GpusFree(Precondition[FreeParams]):
 
     def check(self) -> CheckResult:
         p = self.params
-        nvml = open_nvml()
-        if isinstance(nvml, NvmlUnavailable):
-            return CheckResult(False, str(nvml))
-        with nvml:
-            gpus = _look(nvml, p.gpus)
-        if isinstance(gpus, str):
-            return CheckResult(False, gpus)
+        gpus = _once(lambda nvml: _look(nvml, p.gpus))
+        if isinstance(gpus, NvmlUnavailable | str):
+            return CheckResult(False, str(gpus))
         problems = [b for g in gpus if (b := busy(g, int(p.max_used_mib * MIB), p.no_processes))]
         if problems:
             return CheckResult(False, "; ".join(problems))
@@ -170,11 +176,7 @@ class GpuCount(Precondition[CountParams]):
 
     def check(self) -> CheckResult:
         p = self.params
-        nvml = open_nvml()
-        if isinstance(nvml, NvmlUnavailable):
-            return CheckResult(False, str(nvml))
-        with nvml:
-            snap = nvml.snapshot(processes=False)
+        snap = _once(lambda nvml: nvml.snapshot(processes=False))
         if isinstance(snap, NvmlUnavailable):
             return CheckResult(False, str(snap))
         found = _by_name(snap.gpus)
