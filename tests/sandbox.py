@@ -63,9 +63,13 @@ BOOT_TARGET = "orch-sandbox.target"  # written by the start script; pulls in not
 _INIT = r"""
 set -eu
 dir=$1; shift
+# Kept paths wait in a private tmpfs on a folder outside /tmp, /var/tmp and /run: staging them
+# under the shared folder fails when the checkout itself lies under /tmp (hidden next).
+for stage in /mnt /media /srv /opt; do [ -d "$stage" ] && break; done
+mount -t tmpfs -o mode=700 tmpfs "$stage"
 i=0
 for p in "$@"; do
-    mkdir -p "$dir/keep/$i" && mount --bind "${p#*:}" "$dir/keep/$i"; i=$((i+1))
+    mkdir -p "$stage/keep/$i" && mount --bind "${p#*:}" "$stage/keep/$i"; i=$((i+1))
 done
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp
 mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /var/tmp
@@ -73,7 +77,7 @@ mount -t tmpfs -o mode=755,nosuid,nodev tmpfs /run
 i=0
 for p in "$@"; do
     mkdir -p "${p#*:}"
-    mount --move "$dir/keep/$i" "${p#*:}"
+    mount --move "$stage/keep/$i" "${p#*:}"
     if [ "${p%%:*}" = ro ]; then mount -o remount,bind,ro "${p#*:}"; fi
     i=$((i+1))
 done
@@ -290,12 +294,6 @@ def remove(sandbox: Sandbox) -> None:
 
 
 def _remove_folder(root: Path) -> None:
-    """Its keep/ folders were mount points only inside the namespace; should one still hold
-    anything here (a mount that leaked), the folder is left alone rather than deleted through."""
-    keep = root / "keep"
-    try:
-        for folder in keep.iterdir() if keep.is_dir() else ():
-            folder.rmdir()  # OSError if not empty
-        shutil.rmtree(root)
-    except OSError as exc:
-        raise SandboxError(f"left {root} in place: {exc}") from None
+    """The shared folder holds no mount points (kept paths are staged in the namespace's own
+    tmpfs), so it can simply go."""
+    shutil.rmtree(root, ignore_errors=True)
