@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import graphlib
 import heapq
+import json
 import shlex
 import signal
 import sys
@@ -30,6 +31,7 @@ from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask
 from .process import INTERRUPTS, tail, terminate_group
+from .resources import release_all
 from .selection import Action, Selection, decide
 from .status import Status
 from .store import Store, TodoSpec
@@ -84,9 +86,13 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         log = structlog.get_logger().bind(run=run_id)
         for why in dead:
             log.warning("recovered", why=why)
+        release_all(store, log, "left running by an earlier run")
         store.set_meta(DIGEST_KEY, None)
         store.sync_plan(_todo_specs(plan), run_id)
-        result = Runner(plan, store, run_id, log_dir, selection, options, log).run()
+        try:
+            result = Runner(plan, store, run_id, log_dir, selection, options, log).run()
+        finally:  # whatever the outcome, nothing the plan started outlives the run
+            release_all(store, log, f"at the end of run #{run_id}")
         # Only a run that looked at every task can vouch that none is stale (finished.py).
         whole_plan = not (options.only or options.from_task)
         if result.outcome == "completed" and not result.stale and whole_plan:
@@ -113,6 +119,10 @@ class Runner:
         self.selection, self.options, self.log = selection, options, log
         self.rows = {r["id"]: r for r in store.todos()}
         self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+        self.selection, revived = selection.reviving(plan, store.released_by_engine(),
+                                                     self.statuses)
+        for task_id, why in revived.items():
+            log.info("task.revived", task=task_id, why=why)
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
         self.started = 0  # tasks this run started (0: nothing to do, all was done)
@@ -342,6 +352,17 @@ class _Sink:
 
     def progress(self, message: str) -> None:
         self.runner.log.info("task.progress", task=self.task_id, msg=message)
+
+    def hold(self, name: str, data: dict[str, Any]) -> None:
+        kind = self.runner.plan.by_id[self.task_id].spec.kind
+        self.runner.store.hold(name, self.task_id, kind, self.runner.run_id, data)
+
+    def held(self, name: str) -> dict[str, Any] | None:
+        rows = self.runner.store.held(name)
+        return json.loads(rows[0]["data"]) if rows else None
+
+    def release(self, name: str) -> None:
+        self.runner.store.release(name, self.task_id, f"by task {self.task_id}")
 
 
 def _signal_name(exc: BaseException) -> str:

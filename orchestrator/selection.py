@@ -39,6 +39,20 @@ class Selection:
             scope &= forced
         return cls(frozenset(forced), frozenset(scope))
 
+    def reviving(
+        self, plan: Plan, ended: Mapping[str, str], statuses: Mapping[str, Status],
+    ) -> tuple[Selection, dict[str, str]]:
+        """Also run again each completed task whose resource the engine ended (`ended`: task ->
+        how) while a task that needs it, in scope, has still to run (resources.py)."""
+        revived = {
+            task_id: f"what it held was ended ({how}); {', '.join(waiting)} still need it"
+            for task_id, how in ended.items()
+            if task_id in plan.by_id and statuses.get(task_id) is Status.COMPLETED
+            and (waiting := [d for d in plan.dependents[task_id] if d in self.scope
+                             and (d in self.forced or not statuses.get(d, Status.PENDING).done)])
+        }
+        return Selection(self.forced | revived.keys(), self.scope | revived.keys()), revived
+
 
 class Action(StrEnum):
     KEEP = "keep"  # completed or skipped before, spec unchanged (or stale: kept, reported)

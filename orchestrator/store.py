@@ -1,7 +1,8 @@
 """The todo store: one SQLite file per plan; the only module that speaks SQL.
 
 Tables: `todos` (one row per task, its current state), `transitions` (append-only log of every
-status change), `findings` (append-only, per attempt), `runs` (one per `orch run`), `meta`.
+status change), `findings` (append-only, per attempt), `runs` (one per `orch run`),
+`resources` (what a task left running for later tasks, e.g. a server; see resources.py), `meta`.
 WAL mode with synchronous=NORMAL: a commit survives a crash or SIGKILL of the process at any
 moment (a power cut may lose the last commits, never consistency); ~20 us per commit.
 
@@ -24,7 +25,7 @@ from .errors import StoreError
 from .findings import Finding, FindingValue
 from .status import ALLOWED, Status
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: resources
 BUSY_TIMEOUT_MS = 10_000
 
 
@@ -124,6 +125,14 @@ class Store:
                     "unit": str, "note": str, "at": float, "run_id": int,
                 },
                 pk="seq", foreign_keys=[("task_id", "todos", "id")], if_not_exists=True,
+            )
+            db.table("resources").create(
+                {
+                    # data: JSON the holding kind needs to end it (pid, unit, log path ...).
+                    "name": str, "task_id": str, "kind": str, "data": str, "run_id": int,
+                    "held_at": float, "released_at": float, "released_by": str, "how": str,
+                },
+                pk="name", if_not_exists=True,
             )
             db.table("transitions").create_index(["task_id", "seq"], if_not_exists=True)
             db.table("findings").create_index(["task_id", "attempt"], if_not_exists=True)
@@ -323,6 +332,35 @@ class Store:
                 "UPDATE todos SET pgid=?, pgid_started_at=? WHERE id=?",
                 (pgid, started_at, task_id),
             )
+
+    # --- resources -----------------------------------------------------------------------------
+
+    def hold(self, name: str, task_id: str, kind: str, run_id: int, data: dict[str, Any]) -> None:
+        """Record that `task_id` holds `name` now (committed at once: a crash a moment later
+        must still leave the next run able to end it). Holding a name again replaces it."""
+        with self._tx() as c:
+            c.execute("INSERT OR REPLACE INTO resources(name, task_id, kind, data, run_id,"
+                      " held_at) VALUES (?, ?, ?, ?, ?, ?)",
+                      (name, task_id, kind, json.dumps(data), run_id, time.time()))
+
+    def held(self, name: str | None = None) -> list[sqlite3.Row]:
+        """Resources not released (all, or the one called `name`)."""
+        where, args = ("AND name=?", (name,)) if name else ("", ())
+        return self.conn.execute(
+            f"SELECT * FROM resources WHERE released_at IS NULL {where} ORDER BY held_at", args
+        ).fetchall()
+
+    def release(self, name: str, by_task: str | None, how: str) -> None:
+        """Mark `name` released: by a task (`by_task`), or by the engine (None)."""
+        with self._tx() as c:
+            c.execute("UPDATE resources SET released_at=?, released_by=?, how=? WHERE name=?",
+                      (time.time(), by_task, how, name))
+
+    def released_by_engine(self) -> dict[str, str]:
+        """Holding task -> how the engine ended what it held (no task asked for that)."""
+        return {r[0]: r[1] for r in self.conn.execute(
+            "SELECT task_id, how FROM resources WHERE released_at IS NOT NULL"
+            " AND released_by IS NULL")}
 
     # --- reads ---------------------------------------------------------------------------------
 

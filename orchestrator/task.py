@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, ClassVar, Generic, Protocol, TypeVar
+from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -38,6 +38,9 @@ class ContextSink(Protocol):
     def finding(self, finding: Finding) -> None: ...
     def process_started(self, pgid: int, started_at: float) -> None: ...
     def progress(self, message: str) -> None: ...
+    def hold(self, name: str, data: dict[str, Any]) -> None: ...
+    def held(self, name: str) -> dict[str, Any] | None: ...
+    def release(self, name: str) -> None: ...
 
 
 @dataclass
@@ -61,6 +64,19 @@ class Context:
     def progress(self, message: str) -> None:
         """Say what a long wait is waiting for (shown on the terminal, kept in the run log)."""
         self.sink.progress(message)
+
+    def hold(self, name: str, data: dict[str, Any]) -> None:
+        """Record that this task leaves `name` running for later tasks (see resources.py);
+        `data` (JSON) is what this kind's `release` needs to end it. Committed at once."""
+        self.sink.hold(name, data)
+
+    def held(self, name: str) -> dict[str, Any] | None:
+        """The data of a resource some task holds now, or None."""
+        return self.sink.held(name)
+
+    def release(self, name: str) -> None:
+        """Record that this task has ended the resource `name`."""
+        self.sink.release(name)
 
     def remaining(self) -> float | None:
         """Seconds left before the task's timeout, or None."""
@@ -117,6 +133,12 @@ class Task(Generic[P]):
     def run(self, ctx: Context) -> None:
         """Do the work; raise TaskError to fail with a plain message."""
         raise NotImplementedError
+
+    @classmethod
+    def release(cls, data: dict[str, Any]) -> str:
+        """End a resource a task of this kind held (ctx.hold) and no task released; called by
+        the engine at the end of the run or after a crash. Returns what it did, for the log."""
+        raise NotImplementedError(f"{cls.__name__} holds resources but cannot release them")
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,19 @@ class Level(BaseModel):
     output_tok_s: float = Field(gt=0, description="output tokens per second, all requests")
     tpot_ms: float | None = Field(None, gt=0)
     ttft_ms: float | None = Field(None, gt=0)
+    # What bench.serve measures besides (not used by the comparison, kept with the result).
+    request_s: float | None = None
+    completed: int | None = None
+    errors: int | None = None
+    first_error: str | None = None
+    duration_s: float | None = None
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    ttft: dict[str, float] | None = None
+    tpot: dict[str, float] | None = None
+    itl: dict[str, float] | None = None
+    e2e: dict[str, float] | None = None
+    spec: dict[str, Any] | None = None
 
 
 class Server(BaseModel):
@@ -162,6 +175,13 @@ class Spec(BaseModel):
     acceptance: Annotated[float | None, BeforeValidator(_fraction)] = Field(
         None, ge=0, le=1, description="the engine's own acceptance figure: 0.42 or '42%'")
     acceptance_definition: Definition | None = None
+    # The counts bench.serve derived them from (vLLM /metrics deltas, SGLang meta_info).
+    alpha: float | None = None
+    drafts: int | None = None
+    proposed: int | None = None
+    accepted: int | None = None
+    verify_passes: int | None = None
+    output_tokens: int | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:

@@ -1,0 +1,429 @@
+"""`server.launch` and `server.stop`: an OpenAI-compatible inference server as a resource.
+
+`server.launch` renders the engine's real command line from typed params (flavours `vllm`,
+`sglang`, or `command`: any argv), starts it under a supervisor, and waits until it serves:
+connection refused during a load is normal (serving-reference.md section 0.4: neither engine
+listens before its weights are in), so it polls `/health`, then `/v1/models` for the served
+name, then one tiny real completion, with a long deadline; every `progress_every` seconds it
+says how long it has been loading, the server's last log line and the GPU memory in use (NVML,
+where there is a GPU), so a 10-minute load of a 547 GB model is visibly a load. If the process
+dies it stops at once with the log's tail. Once ready it records what the server resolved
+(SGLang: /server_info's max_running_requests and speculative settings; vLLM: max_model_len).
+
+The server outlives the task: it is held as a resource (orchestrator/resources.py) until
+`server.stop`, the end of the run, or the next run after a crash ends it.
+
+Supervisors: a transient systemd unit (`systemd-run --collect`, KillMode=mixed: SIGTERM to the
+main process, then SIGKILL to the whole control group) where systemd runs, else a process
+group of its own (SIGTERM to the group, SIGKILL after `stop_timeout`). Either way every
+process the engine forks is ended: killing the API process alone leaves vLLM's EngineCore and
+SGLang's schedulers holding the GPUs (section 7.1).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from orchestrator import Context, Duration, Task, TaskError
+from orchestrator.process import group_members, is_alive, last_line, tail, terminate_group
+from probes import http
+from probes.nvml import NvmlUnavailable, open_nvml
+from probes.procs import listeners
+from probes.systemd import UnitNotFound, UnitState, read_unit, systemctl, systemd_unavailable
+
+Flavour = Literal["vllm", "sglang", "command"]
+LAUNCHERS: dict[str, list[str]] = {
+    "vllm": ["vllm", "serve"],
+    "sglang": ["python3", "-m", "sglang.launch_server"],
+}
+LOG_TAIL_LINES = 15
+_children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap once ended
+
+
+class Speculative(BaseModel):
+    """Speculative decoding, one meaning of k for both engines (serving-reference.md s4)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    algorithm: str = Field(description="SGLang: EAGLE3, EAGLE, NGRAM, ...; vLLM method: eagle3, "
+                                       "draft_model, ngram, ...")
+    draft_model: str | None = None
+    draft_tokens: int | None = Field(
+        None, ge=1, description="k: drafts per verify step (SGLang --speculative-num-steps with "
+                                "topk 1; vLLM num_speculative_tokens)")
+    topk: int = Field(1, ge=1, description="SGLang --speculative-eagle-topk")
+    num_draft_tokens: int | None = Field(
+        None, ge=2, description="SGLang --speculative-num-draft-tokens; k+1 when topk is 1")
+    config: dict[str, Any] = Field(
+        {}, description="vLLM: more keys of --speculative-config (prompt_lookup_max, ...)")
+
+    @model_validator(mode="after")
+    def _tree(self) -> Speculative:
+        if self.topk > 1 and (self.num_draft_tokens is None or self.draft_tokens is None):
+            raise ValueError("topk > 1 (tree drafting) needs draft_tokens and num_draft_tokens")
+        return self
+
+    @property
+    def verify_tokens(self) -> int | None:
+        if self.num_draft_tokens is not None or self.draft_tokens is None:
+            return self.num_draft_tokens
+        return self.draft_tokens + 1
+
+
+class LaunchParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    flavour: Flavour
+    model: str | None = Field(None, description="weights dir or hub id (vllm, sglang)")
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: int = Field(ge=1, le=65535)
+    tensor_parallel: int = Field(1, ge=1)
+    max_running_requests: int | None = Field(
+        None, ge=1, description="SGLang --max-running-requests, vLLM --max-num-seqs")
+    speculative: Speculative | None = None
+    extra_args: list[str] = []
+    launcher: list[str] | None = Field(
+        None, description="argv before the flags (vllm: [vllm, serve]; sglang: [python3, -m, "
+                          "sglang.launch_server]): the venv's interpreter, say")
+    command: list[str] | None = Field(None, description="flavour command: the whole argv")
+    env: dict[str, str] = {}
+    cwd: str | None = None
+    name: str | None = Field(None, description="the resource's name; default: the task id")
+    supervisor: Literal["auto", "systemd", "process"] = "auto"
+    ready_timeout: Duration = 1800.0  # a 0.5 TB checkpoint loads for 30-45 min (section 7.4)
+    stop_timeout: Duration = 60.0
+    progress_every: Duration = 10.0
+    check_completion: bool = Field(True, description="one tiny real completion before ready")
+
+    @model_validator(mode="after")
+    def _shape(self) -> LaunchParams:
+        if self.flavour == "command":
+            if not self.command:
+                raise ValueError("flavour command needs `command`: the server's argv")
+            if self.model or self.speculative or self.launcher:
+                raise ValueError("flavour command takes `command` only, not model, speculative "
+                                 "or launcher: put them in the argv")
+        else:
+            if self.command:
+                raise ValueError(f"flavour {self.flavour} renders its command; `command` is for "
+                                 "flavour command")
+            if not self.model:
+                raise ValueError(f"flavour {self.flavour} needs `model`")
+        return self
+
+    @property
+    def served_name(self) -> str | None:
+        return self.served_model_name or self.model
+
+    @property
+    def url(self) -> str:
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "::") else self.host
+        return f"http://{host}:{self.port}"
+
+
+def render(p: LaunchParams) -> list[str]:
+    """The engine's command line (serving-reference.md sections 1.1 and 2.1)."""
+    if p.flavour == "command":
+        assert p.command is not None
+        return list(p.command)
+    assert p.model is not None
+    launcher = p.launcher or LAUNCHERS[p.flavour]
+    common = ["--host", p.host, "--port", str(p.port)]
+    if p.served_model_name:
+        common += ["--served-model-name", p.served_model_name]
+    spec = p.speculative
+    if p.flavour == "vllm":
+        argv = [*launcher, p.model, *common, "--tensor-parallel-size", str(p.tensor_parallel)]
+        if p.max_running_requests:
+            argv += ["--max-num-seqs", str(p.max_running_requests)]
+        if spec:
+            config: dict[str, Any] = {"method": spec.algorithm}
+            if spec.draft_model:
+                config["model"] = spec.draft_model
+            if spec.draft_tokens:
+                config["num_speculative_tokens"] = spec.draft_tokens
+            argv += ["--speculative-config", json.dumps({**config, **spec.config})]
+        return [*argv, *p.extra_args]
+    argv = [*launcher, "--model-path", p.model, *common, "--tp-size", str(p.tensor_parallel),
+            "--enable-metrics"]
+    if p.max_running_requests:
+        argv += ["--max-running-requests", str(p.max_running_requests)]
+    if spec:
+        argv += ["--speculative-algorithm", spec.algorithm]
+        if spec.draft_model:
+            argv += ["--speculative-draft-model-path", spec.draft_model]
+        if spec.draft_tokens:  # all three or none: SGLang asserts on a partial set
+            argv += ["--speculative-num-steps", str(spec.draft_tokens),
+                     "--speculative-eagle-topk", str(spec.topk),
+                     "--speculative-num-draft-tokens", str(spec.verify_tokens)]
+    return [*argv, *p.extra_args]
+
+
+# --- supervisors ---------------------------------------------------------------------------------
+
+def _start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context) -> dict[str, Any]:
+    """Start the server; the handle that `_alive` and `_stop` need (kept in the store)."""
+    use_systemd = p.supervisor == "systemd" or (
+        p.supervisor == "auto" and systemd_unavailable() is None
+        and shutil.which("systemd-run") is not None)
+    if p.supervisor == "systemd" and (why := systemd_unavailable()):
+        raise TaskError(f"supervisor systemd: {why}")
+    cwd = str(Path(p.cwd or ".").resolve())
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **p.env}
+    if use_systemd:
+        unit = f"orch-{name.replace('_', '-')}-{ctx.run_id}-{secrets.token_hex(3)}.service"
+        cmd = ["systemd-run", "--quiet", "--collect", f"--unit={unit}",
+               "--property=KillMode=mixed", f"--property=TimeoutStopSec={int(p.stop_timeout)}s",
+               f"--property=StandardOutput=append:{log}", "--property=StandardError=inherit",
+               f"--working-directory={cwd}",
+               *[f"--setenv={k}={v}" for k, v in env.items()], "--", *argv]
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                              timeout=60)
+        if done.returncode != 0:
+            raise TaskError(f"systemd-run failed: {done.stderr.strip() or done.returncode}")
+        return {"supervisor": "systemd", "unit": unit}
+    marker = f"{name}@{ctx.run_id}:{secrets.token_hex(4)}"
+    with log.open("ab") as out:
+        try:
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+                env={**os.environ, **p.env, "ORCH_SERVER": marker}, start_new_session=True)
+        except OSError as exc:
+            raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
+    _children[proc.pid] = proc
+    return {"supervisor": "process", "pid": proc.pid, "marker": marker}
+
+
+def _alive(handle: dict[str, Any]) -> bool:
+    if handle["supervisor"] == "systemd":
+        state = read_unit(handle["unit"])
+        return isinstance(state, UnitState) and state.active_state in ("active", "activating",
+                                                                       "reloading")
+    proc = _children.get(handle["pid"])
+    if proc is not None:
+        return proc.poll() is None
+    return is_alive(handle["pid"])
+
+
+def _leftovers(handle: dict[str, Any]) -> list[int]:
+    """Processes of the server still alive (the whole group or control group)."""
+    if handle["supervisor"] == "systemd":
+        state = read_unit(handle["unit"])
+        if isinstance(state, UnitState):
+            return [p.pid for p in state.processes or ()]
+        return []
+    return group_members(handle["pid"], ("ORCH_SERVER", handle["marker"]))
+
+
+def _stop(handle: dict[str, Any], grace: float) -> str:
+    """End the server and every process it forked; what was done, in words."""
+    started = time.monotonic()
+    if handle["supervisor"] == "systemd":
+        unit = handle["unit"]
+        before = read_unit(unit)
+        if isinstance(before, UnitNotFound):
+            return f"{unit} had already stopped"
+        # systemctl stop waits for the job; systemd itself SIGKILLs after TimeoutStopSec.
+        done = systemctl(["stop", "--no-ask-password", "--", unit], timeout=grace + 30)
+        if done.returncode != 0 and not isinstance(read_unit(unit), UnitNotFound):
+            raise TaskError(f"systemctl stop {unit}: {done.stderr.strip()}")
+        return f"stopped {unit} in {time.monotonic() - started:.1f}s"
+    pid = handle["pid"]
+    ended = terminate_group(pid, grace, _children.pop(pid, None),
+                            marker=("ORCH_SERVER", handle["marker"]))
+    if not ended:
+        return f"server pid {pid} had already exited"
+    return f"ended pid {pid} and its group ({len(ended)} processes) in " \
+           f"{time.monotonic() - started:.1f}s"
+
+
+# --- readiness -----------------------------------------------------------------------------------
+
+class _GpuMemory:
+    """Total GPU memory in use, for progress; silent where there is no GPU."""
+
+    def __init__(self) -> None:
+        nvml = open_nvml()
+        self.nvml = None if isinstance(nvml, NvmlUnavailable) else nvml
+        self.first: int | None = None
+
+    def describe(self) -> str:
+        if self.nvml is None:
+            return ""
+        snap = self.nvml.snapshot(processes=False)
+        if isinstance(snap, NvmlUnavailable):
+            return ""
+        used = sum(g.used_bytes for g in snap.gpus)
+        self.first = used if self.first is None else self.first
+        return (f"; GPU memory used {used / 2**30:.1f} GiB "
+                f"({(used - self.first) / 2**30:+.1f} since launch)")
+
+    def close(self) -> None:
+        if self.nvml is not None:
+            self.nvml.close()
+
+
+def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path) -> float:
+    """Seconds until the server answered health, models and a completion; TaskError if it
+    died or the deadline passed."""
+    started = time.monotonic()
+    deadline = started + p.ready_timeout
+    if (left := ctx.remaining()) is not None:
+        deadline = min(deadline, time.monotonic() + left)
+    next_note = started + p.progress_every
+    stage = "connection refused"
+    gpu = _GpuMemory()
+    try:
+        while True:
+            if not _alive(handle):
+                lines = "\n".join(tail(log, LOG_TAIL_LINES))
+                raise TaskError(f"the server exited while loading ({stage}); its log {log} "
+                                f"ends:\n{lines}")
+            try:
+                _probe(p)
+                return time.monotonic() - started
+            except http.Unreachable as exc:
+                stage = str(exc)
+            now = time.monotonic()
+            if now >= deadline:
+                raise TaskError(f"not ready after {now - started:.0f}s ({stage}); last log line: "
+                                f"{last_line(log)}")
+            if now >= next_note:
+                ctx.progress(f"loading for {now - started:.0f}s ({stage}){gpu.describe()}; "
+                             f"log: {last_line(log, limit=120)}")
+                next_note = now + p.progress_every
+            time.sleep(0.5)
+    finally:
+        gpu.close()
+
+
+def _probe(p: LaunchParams) -> None:
+    """One readiness look (section 1.3): health, the served name, a real completion."""
+    http.request(p.url + "/health", timeout=5)
+    models = http.request_json(p.url + "/v1/models", timeout=5)
+    ids = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
+    name = p.served_model_name or (ids[0] if p.flavour == "command" and ids else p.served_name)
+    if name not in ids:
+        raise http.Unreachable(f"/v1/models lists {ids}, not {name!r} yet")
+    if p.check_completion:
+        http.request_json(p.url + "/v1/completions", {
+            "model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}, timeout=60)
+
+
+def _resolved(p: LaunchParams) -> dict[str, Any]:
+    """What the server made of its settings (section 1.4: SGLang's server info)."""
+    found: dict[str, Any] = {}
+    models = http.request_json(p.url + "/v1/models")
+    first = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
+    found["served_model"] = first.get("id")
+    if first.get("max_model_len"):
+        found["max_model_len"] = first["max_model_len"]
+    if p.flavour == "sglang":
+        for path in ("/server_info", "/get_server_info"):
+            with contextlib.suppress(http.Unreachable):
+                info = http.request_json(p.url + path)
+                break
+        else:
+            return found
+        for key in ("max_running_requests", "speculative_algorithm", "speculative_num_steps",
+                    "speculative_eagle_topk", "speculative_num_draft_tokens", "version"):
+            if info.get(key) is not None:
+                found[key] = info[key]
+    elif p.flavour == "vllm":
+        with contextlib.suppress(http.Unreachable):
+            found["version"] = http.request_json(p.url + "/version").get("version")
+        if p.max_running_requests:
+            found["max_running_requests"] = p.max_running_requests
+    return {k: v for k, v in found.items() if v is not None}
+
+
+# --- the tasks -----------------------------------------------------------------------------------
+
+class ServerLaunch(Task[LaunchParams]):
+    """Start an inference server, wait until it serves, keep it running for later tasks."""
+
+    Params = LaunchParams
+
+    def run(self, ctx: Context) -> None:
+        p = self.params
+        name = p.name or ctx.task_id
+        if taken := listeners(p.port):
+            who = taken[0].process
+            raise TaskError(f"port {p.port} is already in use by "
+                            f"{who.label() if who else 'a process this user cannot see'}: "
+                            "stop it first (server.stop, systemd.stop)")
+        if p.flavour == "sglang" and p.speculative and p.max_running_requests is None:
+            ctx.progress("SGLang caps running requests at 48 in speculative mode unless "
+                         "max_running_requests is set (serving-reference.md 1.2)")
+        argv = render(p)
+        log = (ctx.log_path.parent / f"{name}.server.log").resolve()
+        with ctx.log_path.open("a") as f:
+            f.write(f"$ {' '.join(argv)}\n(server output: {log})\n")
+        handle = _start(p, argv, name, log, ctx)
+        spec = p.speculative
+        ctx.hold(name, {**handle, "url": p.url, "flavour": p.flavour, "log": str(log),
+                        "served_model": p.served_name, "grace": p.stop_timeout,
+                        "draft_tokens": spec.draft_tokens if spec else None,
+                        "algorithm": spec.algorithm if spec else None})
+        try:
+            took = _wait_ready(ctx, p, handle, log)
+            resolved = _resolved(p)
+        except (TaskError, http.Unreachable) as exc:  # a retry must find the port free
+            _stop(handle, p.stop_timeout)
+            ctx.release(name)
+            raise TaskError(str(exc)) from None
+        ctx.hold(name, {**(ctx.held(name) or {}), **resolved})  # bench.serve reads these
+        ctx.finding("url", p.url)
+        ctx.finding("ready_after", round(took, 1), "s")
+        ctx.finding("supervisor", handle.get("unit") or f"pid {handle['pid']}")
+        ctx.finding("log", str(log))
+        for key, value in resolved.items():
+            note = None
+            if key == "max_running_requests" and value == 48 and spec:
+                note = "SGLang's speculative default: peak throughput will be capped"
+            ctx.finding(key, value, note=note)
+
+    @classmethod
+    def release(cls, data: dict[str, Any]) -> str:
+        return _stop(data, float(data.get("grace", 60.0)))
+
+
+class StopParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    server: str = Field(description="the server's name: the id of the task that launched it")
+    timeout: Duration = 60.0
+
+
+class ServerStop(Task[StopParams]):
+    """Stop a server that server.launch started; verify no process of it is left."""
+
+    Params = StopParams
+
+    def run(self, ctx: Context) -> None:
+        handle = ctx.held(self.params.server)
+        if handle is None:
+            ctx.finding("stopped", False, note=f"no server {self.params.server!r} is running "
+                                               "(already stopped)")
+            return
+        started = time.monotonic()
+        done = _stop(handle, self.params.timeout)
+        left = _leftovers(handle)
+        if left:
+            raise TaskError(f"{done}, but processes {left} are still alive")
+        ctx.release(self.params.server)
+        with ctx.log_path.open("a") as f:
+            f.write(done + "\n")
+        ctx.finding("stopped", True, note=done)
+        ctx.finding("stop_took", round(time.monotonic() - started, 2), "s")
