@@ -83,16 +83,20 @@ def _construct(node: yaml.Node, path: Path_, located: Located) -> Any:
     located.lines[path] = node.start_mark.line + 1
     if isinstance(node, yaml.MappingNode):
         result: dict[Any, Any] = {}
+        merged: set[Any] = set()  # keys from `<<: *anchor`, which the mapping's own override
         for key_node, value_node in node.value:
-            key = _construct(key_node, (*path, "<key>"), located)
-            if key == "<<":  # YAML merge keys: keep it simple, merge shallowly
-                merged = _construct(value_node, path, located)
-                for item in merged if isinstance(merged, list) else [merged]:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # shallow, as YAML 1.1 says
+                value = _construct(value_node, path, located)
+                for item in value if isinstance(value, list) else [value]:
                     if isinstance(item, dict):
-                        result.update({k: v for k, v in item.items() if k not in result})
+                        new = {k: v for k, v in item.items() if k not in result}
+                        result.update(new)
+                        merged |= new.keys()
                 continue
-            if key in result:
+            key = _construct(key_node, (*path, "<key>"), located)
+            if key in result and key not in merged:
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
+            merged.discard(key)
             result[key] = _construct(value_node, (*path, key), located)
             # A value's line is its key's: a block mapping or list starts a line below it.
             located.lines[(*path, key)] = key_node.start_mark.line + 1

@@ -161,14 +161,14 @@ def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, An
     is the whole text so far, `meta_info` the running counts (section 1.5).
     """
     if api == "sglang":
-        text = data.get("text", "")
-        new = len(text) > state.get("seen", 0)
+        text: str = data.get("text", "")
+        seen: int = state.get("seen", 0)
         state["seen"] = len(text)
         meta = data.get("meta_info") or {}
         out.output_tokens = int(meta.get("completion_tokens", out.output_tokens))
         out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
         out.verify_ct = int(meta.get("spec_verify_ct", out.verify_ct))
-        return new
+        return len(text) > seen
     if usage := data.get("usage"):
         out.output_tokens = int(usage.get("completion_tokens") or 0)
         out.prompt_tokens = int(usage.get("prompt_tokens") or 0)

@@ -30,9 +30,9 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from orchestrator import Context, Duration, Task, TaskError
 from orchestrator.process import group_members, is_alive, last_line, tail, terminate_group
@@ -42,6 +42,17 @@ from probes.procs import listeners
 from probes.systemd import UnitNotFound, UnitState, read_unit, systemctl, systemd_unavailable
 
 Flavour = Literal["vllm", "sglang", "command"]
+
+
+def _argv_items(value: object) -> object:
+    """`[--max-model-len, 512]`: YAML makes 512 an int; an argv item is its text."""
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for v in value]
+    return value
+
+
+Argv = Annotated[list[str], BeforeValidator(_argv_items)]
 LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
     "sglang": ["python3", "-m", "sglang.launch_server"],
@@ -92,11 +103,11 @@ class LaunchParams(BaseModel):
     max_running_requests: int | None = Field(
         None, ge=1, description="SGLang --max-running-requests, vLLM --max-num-seqs")
     speculative: Speculative | None = None
-    extra_args: list[str] = []
-    launcher: list[str] | None = Field(
+    extra_args: Argv = []
+    launcher: Argv | None = Field(
         None, description="argv before the flags (vllm: [vllm, serve]; sglang: [python3, -m, "
                           "sglang.launch_server]): the venv's interpreter, say")
-    command: list[str] | None = Field(None, description="flavour command: the whole argv")
+    command: Argv | None = Field(None, description="flavour command: the whole argv")
     env: dict[str, str] = {}
     cwd: str | None = None
     name: str | None = Field(None, description="the resource's name; default: the task id")

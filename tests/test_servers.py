@@ -1,0 +1,338 @@
+"""server.launch / server.stop / bench.serve / process.stop through `orch run`, against a real
+HTTP server process (tests/openai_stub.py): fast, exact counters, every lifecycle path. The
+same kinds against a real vLLM are in test_vllm.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+from tasks.loadgen import (
+    Outcome,
+    read_chunk,
+    sglang_acceptance,
+    stats_ms,
+    summarize_level,
+    vllm_acceptance,
+)
+from tasks.servers import LaunchParams, render
+
+STUB = str(Path(__file__).with_name("openai_stub.py"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def marked_processes(within: Path, prefix: str = "ORCH_SERVER=") -> list[int]:
+    """Live processes carrying server.launch's environment marker, started in `within`."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+            if not Path(os.readlink(f"/proc/{entry}/cwd")).is_relative_to(within):
+                continue
+        except OSError:
+            continue
+        if prefix.encode() in env and pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+@pytest.fixture(autouse=True)
+def no_server_left(tmp_path: Path) -> object:
+    yield
+    left = marked_processes(tmp_path)
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    assert not left, f"server processes left running: {left}"
+
+
+def stub_plan(port: int, extra: str = "", stub_args: str = "--child") -> str:
+    return f"""
+    name: t
+    tasks:
+      - id: launch
+        kind: server.launch
+        params:
+          flavour: command
+          command: [{sys.executable}, {STUB}, "{port}", {", ".join(stub_args.split())}]
+          port: {port}
+          ready_timeout: 30s
+          progress_every: 0.5s
+          stop_timeout: 5s
+    {extra}
+    """
+
+
+def status_now(pd: PlanDir, task: str) -> str | None:
+    """The task's status, or None while the store is still being created."""
+    try:
+        return pd.statuses().get(task) if pd.store_path().exists() else None
+    except sqlite3.OperationalError:
+        return None
+
+
+def findings(plan: Path, task: str) -> dict[str, object]:
+    """A task's findings as `orch status --json` shows them."""
+    doc = json.loads(run_orch("status", plan, "--json").stdout)
+    (row,) = [t for t in doc["tasks"] if t["id"] == task]
+    return {f["key"]: f["value"] for f in row["findings"]}
+
+
+# --- rendering the engines' command lines (serving-reference.md 1.1, 2.1) ------------------------
+
+def test_vllm_command_line_carries_speculative_config_and_admission() -> None:
+    p = LaunchParams.model_validate({
+        "flavour": "vllm", "model": "/m/target", "port": 8000, "tensor_parallel": 8,
+        "max_running_requests": 128, "served_model_name": "kimi",
+        "speculative": {"algorithm": "eagle3", "draft_model": "/m/eagle", "draft_tokens": 3}})
+    argv = render(p)
+    assert argv[:3] == ["vllm", "serve", "/m/target"]
+    assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
+    assert argv[argv.index("--max-num-seqs") + 1] == "128"
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "eagle3", "model": "/m/eagle", "num_speculative_tokens": 3}
+
+
+def test_sglang_command_line_sets_all_three_spec_values_and_the_cap() -> None:
+    p = LaunchParams.model_validate({
+        "flavour": "sglang", "model": "/m/kimi", "port": 30000, "tensor_parallel": 8,
+        "max_running_requests": 128, "extra_args": ["--mem-fraction-static", "0.85"],
+        "speculative": {"algorithm": "EAGLE3", "draft_model": "/m/eagle3", "draft_tokens": 3}})
+    argv = render(p)
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+
+    def flag(name: str) -> str:
+        return argv[argv.index(name) + 1]
+
+    assert flag("--model-path") == "/m/kimi" and flag("--tp-size") == "8"
+    assert flag("--speculative-algorithm") == "EAGLE3"
+    assert flag("--speculative-draft-model-path") == "/m/eagle3"
+    # topk 1: num_draft_tokens is forced to num_steps + 1 (section 1.1); all three or none.
+    assert (flag("--speculative-num-steps"), flag("--speculative-eagle-topk"),
+            flag("--speculative-num-draft-tokens")) == ("3", "1", "4")
+    assert flag("--max-running-requests") == "128"
+    assert "--enable-metrics" in argv and argv[-2:] == ["--mem-fraction-static", "0.85"]
+
+
+def test_a_server_without_its_model_is_a_plan_error(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    plan = pd.write("""
+    name: t
+    tasks:
+      - id: launch
+        kind: server.launch
+        params: {flavour: vllm, port: 8000}
+    """)
+    r = run_orch("validate", plan)
+    assert r.returncode == 2
+    assert "plan.yaml:6:" in r.stderr and "flavour vllm needs `model`" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+# --- the metrics ---------------------------------------------------------------------------------
+
+def test_percentiles_interpolate_linearly_like_numpy() -> None:
+    got = stats_ms([x / 1000 for x in range(1, 11)])  # 1..10 ms
+    assert got == pytest.approx({"mean": 5.5, "p50": 5.5, "p90": 9.1, "p99": 9.91})
+
+
+def test_tpot_excludes_the_first_token_and_one_token_requests() -> None:
+    a = Outcome(ok=True, ttft=0.1, latency=1.1, output_tokens=11, itl=[0.1] * 10)
+    b = Outcome(ok=True, ttft=0.2, latency=0.2, output_tokens=1)
+    failed = Outcome(ok=False, error="HTTP 500")
+    level = summarize_level(4, [a, b, failed], duration=2.0)
+    assert level["tpot"]["mean"] == pytest.approx(100.0)  # (1.1 - 0.1) / (11 - 1) s
+    assert level["output_tok_s"] == pytest.approx(6.0) and level["request_s"] == 1.0
+    assert level["achieved_concurrency"] == pytest.approx(0.65)  # (1.1 + 0.2) / 2.0
+    assert (level["completed"], level["errors"], level["first_error"]) == (2, 1, "HTTP 500")
+
+
+def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
+    before = {"num_drafts": 100, "num_draft_tokens": 300, "num_accepted_tokens": 50,
+              "pos0": 40, "pos1": 10, "pos2": 0}
+    after = {"num_drafts": 300, "num_draft_tokens": 900, "num_accepted_tokens": 180,
+             "pos0": 120, "pos1": 50, "pos2": 10}
+    got = vllm_acceptance(before, after)
+    assert got is not None
+    assert got["accept_length"] == pytest.approx(1.65) and got["draft_tokens"] == 3
+    assert got["acceptance"] == pytest.approx(130 / 600)  # = (tau-1)/k
+    assert got["alpha"] == pytest.approx(0.411, abs=1e-3)
+    assert got["per_position"] == [0.4, 0.2, 0.05]
+    assert vllm_acceptance(before, before) is None  # no drafts: speculation was off
+
+
+def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
+    """Shapes as serving-reference.md 1.5 documents them (no live SGLang here)."""
+    out, state = Outcome(ok=False), {}
+    assert read_chunk("sglang", {"text": "Hel", "meta_info": {
+        "completion_tokens": 1, "prompt_tokens": 42}}, out, state)
+    assert not read_chunk("sglang", {"text": "Hel", "meta_info": {}}, out, state)
+    assert read_chunk("sglang", {"text": "Hello there", "meta_info": {
+        "id": "x", "finish_reason": {"type": "length", "length": 256}, "prompt_tokens": 42,
+        "completion_tokens": 256, "spec_verify_ct": 155, "spec_accept_length": 1.65}},
+        out, state)
+    assert (out.output_tokens, out.prompt_tokens, out.verify_ct) == (256, 42, 155)
+    out.ok = True
+    other = Outcome(ok=True, output_tokens=100, verify_ct=45)
+    got = sglang_acceptance([out, other], k=3)
+    assert got is not None
+    assert got["accept_length"] == pytest.approx(356 / 200)  # not the mean of 1.65 and 2.22
+    assert got["acceptance"] == pytest.approx((356 / 200 - 1) / 3)
+
+
+# --- lifecycles through orch run ----------------------------------------------------------------
+
+def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    plan = pd.write(stub_plan(port, stub_args="--child --load 1.5", extra="""
+      - id: bench
+        kind: bench.serve
+        needs: [launch]
+        params: {server: launch, concurrency: [1, 4], requests: 8, warmup: 3,
+                 output_tokens: 20, input_words: 5}
+      - id: stop
+        kind: server.stop
+        needs: [bench]
+        params: {server: launch}
+    """))
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "loading for" in r.stderr and "connection refused" in r.stderr  # progress shown
+    launch = findings(plan, "launch")
+    assert float(str(launch["ready_after"])) >= 1.5
+    assert launch["served_model"] == "stub" and launch["max_model_len"] == 4096
+    bench = findings(plan, "bench")
+    assert bench["accept_length"] == 2.0 and bench["draft_tokens"] == 3
+    assert bench["acceptance"] == pytest.approx(33.3)
+    result = json.loads(Path(str(bench["result"])).read_text())
+    assert result["schema"] == "orch.bench/v1"
+    for level in result["levels"]:
+        assert level["completed"] == 8 and level["output_tokens"] == 8 * 20
+        # Warm-up requests moved the server's counters too, but before the first scrape.
+        assert level["spec"]["drafts"] == 8 * 10
+        assert level["tpot"]["mean"] >= 2.0  # the stub sleeps 2 ms per token
+    assert 0.9 <= result["levels"][0]["achieved_concurrency"] <= 1.0
+    assert findings(plan, "stop")["stopped"] is True
+    with pd.db() as db:
+        row = db.execute("SELECT released_by, how FROM resources").fetchone()
+    assert tuple(row) == ("stop", "by task stop")
+
+
+def test_a_server_that_dies_while_loading_fails_with_its_last_words(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    plan = pd.write(stub_plan(free_port(), stub_args="--load 30 --die-after 0.5"))
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 1
+    with pd.db() as db:
+        error = db.execute("SELECT last_error FROM todos WHERE id='launch'").fetchone()[0]
+    assert "the server exited while loading (connection refused)" in error
+    assert "stub: out of memory while loading weights" in error
+
+
+def test_a_port_in_use_is_refused_naming_its_holder(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        plan = pd.write(stub_plan(port))
+        r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 1
+    assert f"port {port} is already in use by pid {os.getpid()}" in r.stderr
+
+
+def test_the_end_of_a_run_stops_its_servers_and_a_resume_relaunches(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    flag = tmp_path / "fixed"
+    plan = pd.write(stub_plan(port, extra=f"""
+      - id: use
+        kind: shell
+        needs: [launch]
+        params: {{command: "curl -sf http://127.0.0.1:{port}/health && test -f {flag}"}}
+    """))
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 1 and "resource.released" in r.stderr
+    assert not marked_processes(tmp_path, "ORCH_SERVER=launch@1:")  # the end of run 1 stopped it
+    flag.touch()
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "task.revived" in r.stderr and "use still need" in r.stderr
+    with pd.db() as db:
+        attempts = dict(db.execute("SELECT id, attempts FROM todos").fetchall())
+    assert attempts == {"launch": 2, "use": 2}
+    # Finished: a third run redoes nothing, although the server was stopped again.
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0 and "task.started" not in r.stderr
+
+
+def test_a_killed_run_leaves_its_server_to_the_next_run_which_ends_it(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    flag = tmp_path / "go"
+    plan = pd.write(stub_plan(port, extra=f"""
+      - id: wait
+        kind: shell
+        needs: [launch]
+        params: {{command: "until test -f {flag}; do sleep 0.1; done"}}
+    """))
+    orch = start_orch("run", plan, cwd=tmp_path)
+    wait_for(lambda: status_now(pd, "wait") == "in_progress", timeout=30,
+             what="the shell task to start")
+    os.killpg(orch.pid, signal.SIGKILL)  # orch and the shell task die; the server does not
+    orch.communicate()
+    first = marked_processes(tmp_path, "ORCH_SERVER=launch@1:")
+    assert len(first) == 2  # the stub and its child
+    flag.touch()
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "left running by an earlier run" in r.stderr
+    assert not any(pid_alive(pid) for pid in first)
+    assert pd.statuses() == {"launch": "completed", "wait": "completed"}
+
+
+def test_process_stop_ends_a_hand_started_server_with_its_children(tmp_path: Path) -> None:
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    server = subprocess.Popen([sys.executable, STUB, str(port), "--child"],
+                              start_new_session=True, stdout=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
+                                        capture_output=True).returncode == 0, what="the stub")
+        group = [int(p) for p in os.listdir("/proc") if p.isdigit() and pid_alive(int(p))
+                 and os.getpgid(int(p)) == server.pid]
+        assert len(group) == 2
+        plan = pd.write(f"""
+        name: t
+        tasks:
+          - id: stop
+            kind: process.stop
+            params: {{port: {port}, grace: 5s}}
+        """)
+        r = run_orch("run", plan, cwd=tmp_path)
+        assert r.returncode == 0, r.stderr
+        server.wait(timeout=5)
+        assert not any(pid_alive(p) for p in group)
+        assert findings(plan, "stop")["processes_ended"] == 2
+        # Again: nothing listens now, which is what was wanted.
+        r = run_orch("run", plan, "--rerun", "stop", cwd=tmp_path)
+        assert r.returncode == 0 and "already stopped" in r.stderr
+    finally:
+        server.kill()
