@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
 from tasks.loadgen import (
     Outcome,
     read_chunk,
@@ -25,6 +24,8 @@ from tasks.loadgen import (
     vllm_acceptance,
 )
 from tasks.servers import LaunchParams, render
+
+from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
 
