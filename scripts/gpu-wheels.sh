@@ -13,7 +13,9 @@ cd "$(dirname "$0")/.."
 version=${1:-3.12}
 py=${PYTHON:-python3}
 names=(pydantic pydantic-core annotated-types typing-inspection typing-extensions
-       structlog sqlite-utils sqlite-fts4 click-default-group click nvidia-ml-py packaging)
+       structlog sqlite-utils sqlite-fts4 click-default-group click nvidia-ml-py packaging
+       aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna
+       prometheus-client)
 read -r -a pins < <("$py" -c '
 import importlib.metadata as md, sys
 print(" ".join(f"{n}=={md.version(n)}" for n in sys.argv[1:]))' "${names[@]}")

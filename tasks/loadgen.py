@@ -442,7 +442,7 @@ class BenchServe(Task[BenchParams]):
             ctx.finding("accept_length", round(spec["accept_length"], 3),
                         note=f"tau, tokens per verify step with k={spec['draft_tokens']}")
             ctx.finding("draft_tokens", spec["draft_tokens"])
-            ctx.finding("acceptance", round(100 * spec["acceptance"], 1), "%",
+            ctx.finding("acceptance", round(spec["acceptance"], 4), "ratio",
                         note="accepted/proposed drafts = (tau-1)/k")
             if "alpha" in spec:
                 ctx.finding("alpha", round(spec["alpha"], 3), note="per-token acceptance")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import select
 import signal
 import sqlite3
@@ -53,6 +54,21 @@ def test_without_driver_nvml_is_a_typed_outcome() -> None:
     assert str(NVML).startswith("NVML unavailable: ")
     assert "driver" in str(NVML)
     assert isinstance(open_nvml(), NvmlUnavailable)
+
+
+@no_driver
+def test_without_gpus_the_flagship_stops_at_its_first_precondition(tmp_path: Path) -> None:
+    """plans/sglang_migration.yaml on a host with no GPU: blocked at step one, nothing done."""
+    plan = Path(__file__).resolve().parent.parent / "plans" / "sglang_migration.yaml"
+    r = run_orch("run", plan, "--store", tmp_path / "s.db", "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    tasks = {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
+    assert tasks["stop_vllm"]["status"] == "blocked"
+    assert tasks["stop_vllm"]["reason"] == (
+        "precondition gpu.count failed: NVML unavailable: no NVIDIA driver here "
+        "(libnvidia-ml.so.1 not found)")
+    assert tasks["free_gpus"]["reason"] == "needs stop_vllm, which is blocked"
+    assert all(t["attempts"] == 0 for t in tasks.values())  # nothing was started
 
 
 @no_driver
@@ -478,3 +494,54 @@ class _FreeWatcher(threading.Thread):
                         self.free_at = time.time()
                         return
                 time.sleep(0.001)
+
+
+LOADER = """\
+import runpy, sys, time, torch
+held = []
+for _ in range(4):  # "load weights": 1 GiB a second, as a checkpoint streams in
+    held.append(torch.ones(2**30, dtype=torch.uint8, device="cuda"))
+    torch.cuda.synchronize()
+    time.sleep(1)
+sys.argv = ["openai_stub.py", sys.argv[1]]
+runpy.run_path(STUB, run_name="__main__")
+"""
+
+
+@with_gpu
+@pytest.mark.gpu
+def test_launch_shows_gpu_memory_growing_while_the_server_loads(
+        pdir: PlanDir, idle_gpu: Gpu) -> None:
+    """server.launch's progress reads NVML: a long load is visibly a load; server.stop frees
+    the GPU (no process of the server keeps its memory)."""
+    stub = Path(__file__).with_name("openai_stub.py")
+    loader = pdir.root / "loader.py"
+    loader.write_text(LOADER.replace("STUB", repr(str(stub))))
+    port = 18000 + os.getpid() % 1000
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: launch
+            kind: server.launch
+            params:
+              flavour: command
+              command: [{sys.executable}, {loader}, "{port}"]
+              port: {port}
+              env: {{CUDA_VISIBLE_DEVICES: "{idle_gpu.uuid}"}}
+              progress_every: 0.5s
+              ready_timeout: 3m
+          - {{id: stop, kind: server.stop, needs: [launch], params: {{server: launch}}}}
+    """)
+    r = run_orch("run", plan, cwd=pdir.root, timeout=240)
+    assert r.returncode == 0, r.stderr
+    grown = [float(x) for x in re.findall(r"GPU memory used [\d.]+ GiB \(\+?(-?[\d.]+) since",
+                                          r.stderr)]
+    assert len(grown) >= 3, r.stderr
+    assert grown == sorted(grown) and grown[-1] >= 3.0  # rising, to the 4 GiB it loads
+
+    def freed() -> bool:  # the driver frees a dead process's memory a moment after it exits
+        after = snapshot([idle_gpu.index])
+        assert not isinstance(after, NvmlUnavailable)
+        return after.gpus[0].used_bytes < GIB and not after.gpus[0].processes
+
+    wait_for(freed, timeout=10, what=f"GPU {idle_gpu.index} freed after server.stop")

@@ -221,7 +221,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     assert launch["served_model"] == "stub" and launch["max_model_len"] == 4096
     bench = findings(plan, "bench")
     assert bench["accept_length"] == 2.0 and bench["draft_tokens"] == 3
-    assert bench["acceptance"] == pytest.approx(33.3)
+    assert bench["acceptance"] == pytest.approx(0.3333)
     result = json.loads(Path(str(bench["result"])).read_text())
     assert result["schema"] == "orch.bench/v1"
     for level in result["levels"]:

