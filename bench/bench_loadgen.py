@@ -30,7 +30,6 @@ import tempfile
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 SERVERS = ROOT / ".servers"
@@ -128,7 +127,7 @@ def main() -> None:
         sys.exit("run scripts/vllm_cpu/setup.sh first")
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     dataset = work / "prompts.jsonl"
-    words = "the model server token stream request response cache batch draft time".split()
+    words = ["the", "model", "server", "token", "stream", "request", "response", "cache", "batch", "draft", "time"]
     with dataset.open("w") as f:
         for i in range(3 * args.requests + 1):
             text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
