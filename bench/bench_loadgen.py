@@ -127,7 +127,8 @@ def main() -> None:
         sys.exit("run scripts/vllm_cpu/setup.sh first")
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     dataset = work / "prompts.jsonl"
-    words = ["the", "model", "server", "token", "stream", "request", "response", "cache", "batch", "draft", "time"]
+    words = ["the", "model", "server", "token", "stream", "request", "response", "cache",
+             "batch", "draft", "time"]
     with dataset.open("w") as f:
         for i in range(3 * args.requests + 1):
             text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
