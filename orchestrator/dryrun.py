@@ -19,6 +19,8 @@ def dry_run(
     selection = Selection.of(plan, rerun, from_task, only)
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
+    selection, revived = selection.reviving(plan, store.released_by_engine() if store else {},
+                                            statuses)
     steps = []
     for task in plan.tasks:
         d = decide(task, rows.get(task.id), selection, statuses)
@@ -30,6 +32,7 @@ def dry_run(
         elif d.action is Action.BLOCK:
             statuses[task.id] = Status.BLOCKED
         elif d.action is Action.RUN:
+            reason = revived.get(task.id, reason)
             if task.spec.when is False:
                 action, reason = "skip", "when is false"
                 statuses[task.id] = Status.SKIPPED

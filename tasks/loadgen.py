@@ -374,7 +374,8 @@ class BenchServe(Task[BenchParams]):
         p = self.params
         target = resolve_target(ctx, p)
         prompts = load_prompts(p)
-        k = target.server.get("draft_tokens")
+        # k as planned, else as SGLang resolved it (its auto choice, /server_info)
+        k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
         for concurrency in p.concurrency:
             counters: dict[str, dict[str, float]] = {}

@@ -1067,3 +1067,25 @@ def test_durations_beyond_a_year_are_refused() -> None:
     for value in (1.0e300, "400d"):
         with pytest.raises(ValueError, match="longer than 365 days"):
             parse_duration(value)
+
+
+def test_merge_keys_take_an_anchor_and_override_it(tmp_path: Path) -> None:
+    """`<<: *anchor` merges shallowly; the mapping's own keys win, and only a key written twice
+    in the mapping itself is a duplicate."""
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(textwrap.dedent("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params: &p {command: "echo a", grace: 3}
+          - id: b
+            kind: shell
+            params: {<<: *p, command: "echo b"}
+    """))
+    loaded = load_plan(plan)
+    assert loaded.by_id["b"].spec.params == {"command": "echo b", "grace": 3}
+    plan.write_text(plan.read_text().replace('command: "echo b"}', 'command: "b", command: "c"}'))
+    with pytest.raises(PlanError) as err:
+        load_plan(plan)
+    assert "plan.yaml:9: duplicate key 'command'" in str(err.value)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import sqlite3
@@ -272,6 +273,9 @@ def test_the_end_of_a_run_stops_its_servers_and_a_resume_relaunches(tmp_path: Pa
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 1 and "resource.released" in r.stderr
     assert not marked_processes(tmp_path, "ORCH_SERVER=launch@1:")  # the end of run 1 stopped it
+    dry = run_orch("plan", plan, cwd=tmp_path)  # `orch plan` says what `run` will do, and why
+    assert re.search(r"run\s+launch\s+what it held was ended \(at the end of run #1\); use "
+                     r"still need it", dry.stdout), dry.stdout
     flag.touch()
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr

@@ -456,3 +456,46 @@ def test_plan_stops_a_server_and_waits_for_its_port(sandbox: Sandbox, pdir: Plan
                      r"final_state=inactive \(dead\), duration=[\d.]+ s, cgroup=empty$", line)
     assert re.search(r"✓ next_step .* next=ran$", board, re.MULTILINE)
     assert "2 tasks: 2 completed" in board
+
+
+# --- server.launch under systemd ------------------------------------------------------------------
+
+@pytest.mark.systemd
+def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
+        sandbox: Sandbox, pdir: PlanDir) -> None:
+    """Where systemd runs, server.launch uses `systemd-run` (KillMode=mixed, the log appended
+    to the task's server log); server.stop ends the main process and the child it forked, and
+    the collected unit is gone."""
+    port = _free_port()
+    stub = Path(__file__).with_name("openai_stub.py")
+    tasks = run_plan(sandbox, pdir, f"""
+        name: t
+        tasks:
+          - id: launch
+            kind: server.launch
+            params:
+              flavour: command
+              command: [{sys.executable}, {stub}, "{port}", --child, --load, "0.5"]
+              port: {port}
+              ready_timeout: 30s
+          - id: look
+            kind: shell
+            needs: [launch]
+            params:
+              command: >-
+                echo ::finding kill_mode=$(systemctl show -p KillMode --value
+                ${{tasks.launch.findings.supervisor}})
+                && echo ::finding processes=$(systemctl show -p ControlGroup --value
+                ${{tasks.launch.findings.supervisor}} | xargs -I% cat /sys/fs/cgroup%/cgroup.procs
+                | wc -l)
+          - {{id: stop, kind: server.stop, needs: [look], params: {{server: launch}}}}
+    """)
+    assert {t["status"] for t in tasks.values()} == {"completed"}, tasks
+    unit = tasks["launch"]["f"]["supervisor"]["value"]
+    assert re.fullmatch(r"orch-launch-1-[0-9a-f]{6}\.service", unit)
+    assert tasks["look"]["f"]["kill_mode"]["value"] == "mixed"
+    assert tasks["look"]["f"]["processes"]["value"] == 2  # the stub and its child
+    assert "stub: serving on" in Path(tasks["launch"]["f"]["log"]["value"]).read_text()
+    assert tasks["stop"]["f"]["stopped"]["value"] is True
+    assert probe(sandbox, unit)["type"] == "UnitNotFound"  # stopped, and collected
+    assert not _port_open(port)
