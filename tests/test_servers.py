@@ -230,6 +230,8 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
         # Warm-up requests moved the server's counters too, but before the first scrape.
         assert level["spec"]["drafts"] == 8 * 10
         assert level["tpot"]["mean"] >= 2.0  # the stub sleeps 2 ms per token
+        # One token per chunk, all requests of one length: ITL and TPOT are the same gaps.
+        assert level["itl"]["mean"] == pytest.approx(level["tpot"]["mean"])
     assert 0.9 <= result["levels"][0]["achieved_concurrency"] <= 1.0
     assert findings(plan, "stop")["stopped"] is True
     with pd.db() as db:
