@@ -34,14 +34,14 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator import Context, Task, TaskError
+from orchestrator import Context, Duration, Task, TaskError
 from probes import http
 from tasks.analyze import SCHEMA, alpha_from_tau
 
@@ -77,6 +77,7 @@ class BenchParams(BaseModel):
     request_timeout: float = Field(600.0, gt=0)
     output: str | None = Field(None, description="result JSON; default <run dir>/<task>.json")
     label: str | None = None
+    progress_every: Duration = 10.0
 
     @model_validator(mode="after")
     def _target(self) -> BenchParams:
@@ -190,20 +191,21 @@ async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchPara
             if resp.status != 200:
                 out.error = f"HTTP {resp.status}: {(await resp.text())[:200]}"
                 return out
-            async for raw in resp.content:
-                line = raw.strip()
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    break
+            buffer = b""
+            async for data in resp.content.iter_any():  # whatever arrived: fewer wake-ups
+                buffer = (buffer + data).replace(b"\r\n", b"\n")  # either SSE line end
+                *events, buffer = buffer.split(b"\n\n")
                 now = time.perf_counter()
-                if read_chunk(target.api, json.loads(payload), out, state):
-                    if out.ttft == 0.0:
-                        out.ttft = now - sent
-                    else:
-                        out.itl.append(now - last)
-                    last = now
+                for event in events:
+                    payload = event.strip().removeprefix(b"data:").strip()
+                    if not payload or payload == b"[DONE]" or payload.startswith(b":"):
+                        continue
+                    if read_chunk(target.api, json.loads(payload), out, state):
+                        if out.ttft == 0.0:
+                            out.ttft = now - sent
+                        else:
+                            out.itl.append(now - last)
+                        last = now
         out.latency = last - sent
         out.ok = out.ttft > 0.0
         if not out.ok:
@@ -255,8 +257,11 @@ def summarize_level(concurrency: int, outcomes: list[Outcome], duration: float) 
 
 
 async def run_level(target: Target, prompts: list[Prompt], p: BenchParams, concurrency: int,
-                    before_timed: Any) -> tuple[list[Outcome], float]:
-    """Warm-up, then the timed requests with at most `concurrency` in flight."""
+                    before_timed: Callable[[], None],
+                    progress: Callable[[str], None] | None = None,
+                    every: float = 10.0) -> tuple[list[Outcome], float]:
+    """Warm-up, then the timed requests with at most `concurrency` in flight; every `every`
+    seconds `progress` hears how far the level is (a c=128 level on a big model takes long)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=p.request_timeout)
@@ -269,14 +274,28 @@ async def run_level(target: Target, prompts: list[Prompt], p: BenchParams, concu
                 raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
         await asyncio.to_thread(before_timed)
         gate = asyncio.Semaphore(concurrency)
+        done: list[Outcome] = []
 
         async def limited(prompt: Prompt) -> Outcome:
             async with gate:
-                return await one_request(session, target, prompt, p)
+                outcome = await one_request(session, target, prompt, p)
+            done.append(outcome)
+            return outcome
+
+        async def report() -> None:
+            while progress is not None:
+                await asyncio.sleep(every)
+                tokens = sum(o.output_tokens for o in done)
+                progress(f"c={concurrency}: {len(done)}/{p.requests} requests done, "
+                         f"{tokens / (time.perf_counter() - started):.1f} tok/s so far")
 
         started = time.perf_counter()
-        outcomes = await asyncio.gather(*(limited(prompts[i % len(prompts)])
-                                          for i in range(p.requests)))
+        reporter = asyncio.create_task(report())
+        try:
+            outcomes = await asyncio.gather(*(limited(prompts[i % len(prompts)])
+                                              for i in range(p.requests)))
+        finally:
+            reporter.cancel()
         return list(outcomes), time.perf_counter() - started
 
 
@@ -386,7 +405,8 @@ class BenchServe(Task[BenchParams]):
                     into["before"] = _counters(target.url)
 
             outcomes, duration = asyncio.run(run_level(target, prompts, p, concurrency,
-                                                       before_timed))
+                                                       before_timed, ctx.progress,
+                                                       p.progress_every))
             level = summarize_level(concurrency, outcomes, duration)
             spec = (sglang_acceptance(outcomes, k) if target.api == "sglang" else
                     vllm_acceptance(counters["before"], _counters(target.url))

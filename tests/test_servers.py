@@ -208,7 +208,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
         kind: bench.serve
         needs: [launch]
         params: {server: launch, concurrency: [1, 4], requests: 8, warmup: 3,
-                 output_tokens: 20, input_words: 5}
+                 output_tokens: 20, input_words: 5, progress_every: 0.05s}
       - id: stop
         kind: server.stop
         needs: [bench]
@@ -217,6 +217,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading for" in r.stderr and "connection refused" in r.stderr  # progress shown
+    assert re.search(r"c=1: \d/8 requests done, [\d.]+ tok/s so far", r.stderr)
     launch = findings(plan, "launch")
     assert float(str(launch["ready_after"])) >= 1.5
     assert launch["served_model"] == "stub" and launch["max_model_len"] == 4096
