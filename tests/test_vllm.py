@@ -11,12 +11,11 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 from pathlib import Path
 
 import pytest
-from test_servers import findings, marked_processes, status_now
+from test_servers import findings, free_port, marked_processes, status_now
 
 from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
 
@@ -25,12 +24,6 @@ SETUP = ROOT / "scripts" / "vllm_cpu" / "setup.sh"
 SERVERS = ROOT / ".servers"
 
 pytestmark = pytest.mark.vllm
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="session")
