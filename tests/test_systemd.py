@@ -27,6 +27,7 @@ from probes.systemd import parse_timespan, unit_name
 
 from conftest import ORCH, PlanDir, run_orch, wait_for
 from sandbox import Sandbox, remove, start
+from test_vllm import vllm_cpu  # noqa: F401  (the fixture)
 
 # The stand-in server. No .py suffix: it lives in the checkout while the tests run, and ruff
 # must not lint it. `child` forks a worker that outlives its parent, like vLLM's EngineCore.
@@ -499,3 +500,32 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
     assert tasks["stop"]["f"]["stopped"]["value"] is True
     assert probe(sandbox, unit)["type"] == "UnitNotFound"  # stopped, and collected
     assert not _port_open(port)
+
+
+@pytest.mark.systemd
+@pytest.mark.vllm
+@pytest.mark.usefixtures("vllm_cpu")
+def test_the_rehearsal_stops_a_vllm_unit_with_its_engine_processes(
+        sandbox: Sandbox, pdir: PlanDir) -> None:
+    """plans/rehearsal.yaml's first step where systemd runs (`--var production=systemd`): a real
+    vLLM as a unit, API server plus EngineCore in its cgroup, stopped with nothing left."""
+    port = _free_port()
+    unit = f"vllm-rehearsal-{port}.service"
+    serve = Path(__file__).resolve().parent.parent / "scripts" / "vllm_cpu" / "serve.sh"
+    r = sandbox.run(["systemd-run", f"--unit={unit}", "--", str(serve), str(port)])
+    assert r.returncode == 0, r.stderr
+    sandbox.units.add(unit)
+    wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
+                                    capture_output=True).returncode == 0,
+             timeout=300, what=f"vLLM in {unit}")
+    engine = len(probe(sandbox, unit)["processes"])
+    assert engine >= 2  # the API server and its EngineCore at least
+    plan = Path(__file__).resolve().parent.parent / "plans" / "rehearsal.yaml"
+    r = orch(sandbox, "run", plan, "--only", "stop_vllm_unit", "--store", pdir.root / "r.db",
+             "--var", "production=systemd", "--var", f"production_unit={unit}", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    (task,) = [t for t in json.loads(r.stdout)["tasks"] if t["id"] == "stop_vllm_unit"]
+    f = {x["key"]: x["value"] for x in task["findings"]}
+    assert f["previous_state"].startswith("active (running)")
+    assert f["cgroup"] == "empty" and not _port_open(port)
+    assert probe(sandbox, unit)["type"] in ("UnitState", "UnitNotFound")

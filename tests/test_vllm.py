@@ -15,9 +15,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from test_servers import findings, free_port, marked_processes, status_now
 
 from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+from test_servers import findings, free_port, marked_processes, status_now
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / "scripts" / "vllm_cpu" / "setup.sh"
