@@ -70,6 +70,9 @@ class BenchParams(BaseModel):
     dataset: str | None = Field(
         None, description='JSONL of {"prompt": ..., "output_tokens": N}; default: generated')
     input_words: int = Field(128, ge=1, description="generated prompts: words per prompt")
+    input_tokens: int | None = Field(
+        None, ge=1, description="generated prompts of exactly this many tokens, cut with the "
+                                "server's own tokenizer (POST /tokenize: vLLM)")
     output_tokens: int = Field(128, ge=1)
     temperature: float = 0.0
     ignore_eos: bool = True
@@ -90,6 +93,7 @@ class BenchParams(BaseModel):
 class Prompt:
     text: str
     output_tokens: int
+    ids: list[int] | None = None  # sent instead of the text: an exact input length
 
 
 @dataclass
@@ -145,14 +149,35 @@ def load_prompts(p: BenchParams) -> list[Prompt]:
 
 # --- one request ---------------------------------------------------------------------------------
 
+def exact_lengths(target: Target, prompts: list[Prompt], tokens: int) -> list[Prompt]:
+    """Each prompt cut to exactly `tokens` tokens by the server's tokenizer (vLLM /tokenize),
+    then sent as token ids: input length fixed in the unit the server counts."""
+    out = []
+    for prompt in prompts:
+        try:
+            got = http.request_json(target.url + "/tokenize", {
+                "model": target.model, "prompt": prompt.text, "add_special_tokens": False})
+        except http.Unreachable as exc:
+            raise TaskError(f"input_tokens needs the server's /tokenize (vLLM has it): {exc}; "
+                            "use input_words or a dataset") from None
+        ids = list(got.get("tokens") or [])
+        if len(ids) < tokens:
+            raise TaskError(f"a generated prompt is only {len(ids)} tokens; raise input_words "
+                            f"above {tokens}")
+        out.append(Prompt(prompt.text, prompt.output_tokens, ids[:tokens]))
+    return out
+
+
 def request_body(target: Target, prompt: Prompt, p: BenchParams) -> tuple[str, dict[str, Any]]:
     """Path and JSON body of one streaming request."""
     if target.api == "sglang":
-        return "/generate", {"text": prompt.text, "stream": True, "sampling_params": {
+        source = {"text": prompt.text} if prompt.ids is None else {"input_ids": prompt.ids}
+        return "/generate", {**source, "stream": True, "sampling_params": {
             "max_new_tokens": prompt.output_tokens, "temperature": p.temperature,
             "ignore_eos": p.ignore_eos}}
     return "/v1/completions", {
-        "model": target.model, "prompt": prompt.text, "max_tokens": prompt.output_tokens,
+        "model": target.model, "prompt": prompt.text if prompt.ids is None else prompt.ids,
+        "max_tokens": prompt.output_tokens,
         "temperature": p.temperature, "ignore_eos": p.ignore_eos, "stream": True,
         "stream_options": {"include_usage": True}}
 
@@ -394,6 +419,8 @@ class BenchServe(Task[BenchParams]):
         p = self.params
         target = resolve_target(ctx, p)
         prompts = load_prompts(p)
+        if p.input_tokens is not None:
+            prompts = exact_lengths(target, prompts, p.input_tokens)
         # k as planned, else as SGLang resolved it (its auto choice, /server_info)
         k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
@@ -437,7 +464,9 @@ class BenchServe(Task[BenchParams]):
             "levels": levels,
             "server": {k: v for k, v in server.items() if v is not None},
             "benchmark": {"tool": "orch bench.serve", "api": target.api,
-                          "dataset": p.dataset or f"generated {p.input_words} words",
+                          "dataset": p.dataset or (
+                              f"generated, {p.input_tokens} tokens" if p.input_tokens
+                              else f"generated, {p.input_words} words"),
                           "output_tokens": p.output_tokens, "requests": p.requests,
                           "temperature": p.temperature, "ignore_eos": p.ignore_eos},
         }

@@ -2,8 +2,8 @@
 
     python openai_stub.py PORT [--load SECONDS] [--die-after SECONDS] [--child]
 
-It answers /health, /v1/models, /v1/completions (streamed: one token per chunk, with
-`usage` last) and /metrics with vLLM-named spec-decode counters that move by a rule a test
+It answers /health, /v1/models, /tokenize (a token per word), /v1/completions (streamed: one
+token per chunk, with `usage` last; a prompt of words or token ids) and /metrics with vLLM-named spec-decode counters that move by a rule a test
 can predict: every request of n output tokens adds n//2 drafts of 3 tokens, n//2 of them
 accepted, so tau = 2.0, k = 3, acceptance 1/3. `--load` waits before listening (a model
 loading), `--die-after` exits 3 while loading, `--child` forks a process that stays in the
@@ -69,9 +69,15 @@ class Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+        if self.path == "/tokenize":  # one token per word, as vLLM's shape has it
+            tokens = [100 + len(word) for word in body["prompt"].split()]
+            return self.reply(200, json.dumps({"count": len(tokens), "max_model_len": 4096,
+                                               "tokens": tokens}).encode())
         if self.path != "/v1/completions":
             return self.reply(404, b'{"error": "not found"}')
         n = int(body.get("max_tokens", 16))
+        prompt = body.get("prompt", "")
+        prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         with LOCK:
             COUNTS["requests"] += 1
             COUNTS["drafts"] += n // 2
@@ -79,7 +85,7 @@ class Handler(BaseHTTPRequestHandler):
             COUNTS["accepted"] += n // 2
         if not body.get("stream"):
             return self.reply(200, json.dumps({"choices": [{"text": "tok " * n}], "usage": {
-                "prompt_tokens": 4, "completion_tokens": n}}).encode())
+                "prompt_tokens": prompt_tokens, "completion_tokens": n}}).encode())
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")
@@ -93,7 +99,7 @@ class Handler(BaseHTTPRequestHandler):
         for _ in range(n):
             time.sleep(0.002)
             send({"choices": [{"index": 0, "text": "tok "}]})
-        send({"choices": [], "usage": {"prompt_tokens": 4, "completion_tokens": n}})
+        send({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n}})
         send("[DONE]")
         self.wfile.write(b"0\r\n\r\n")
 

@@ -208,7 +208,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
         kind: bench.serve
         needs: [launch]
         params: {server: launch, concurrency: [1, 4], requests: 8, warmup: 3,
-                 output_tokens: 20, input_words: 5, progress_every: 0.05s}
+                 output_tokens: 20, input_words: 9, input_tokens: 6, progress_every: 0.05s}
       - id: stop
         kind: server.stop
         needs: [bench]
@@ -228,6 +228,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     assert result["schema"] == "orch.bench/v1"
     for level in result["levels"]:
         assert level["completed"] == 8 and level["output_tokens"] == 8 * 20
+        assert level["input_tokens"] == 8 * 6  # cut to 6 by the server's /tokenize
         # Warm-up requests moved the server's counters too, but before the first scrape.
         assert level["spec"]["drafts"] == 8 * 10
         assert level["tpot"]["mean"] >= 2.0  # the stub sleeps 2 ms per token

@@ -56,7 +56,7 @@ def server(name: str, port: int, draft: str | None = None) -> str:
     kind: bench.serve
     needs: [launch_{name}]
     params: {{server: launch_{name}, concurrency: [1, 4], requests: 8, warmup: 0,
-             output_tokens: 32, input_words: 24}}
+             output_tokens: 32, input_words: 40, input_tokens: 24}}
   - id: metrics_{name}
     kind: shell
     needs: [bench_{name}]
@@ -110,6 +110,7 @@ def test_the_sweep_measures_each_level_without_speculation(served: tuple[Path, P
     for level in result["levels"]:
         assert level["completed"] == 8 and level["errors"] == 0
         assert level["output_tokens"] == 8 * 32  # ignore_eos: every request runs to length
+        assert level["input_tokens"] == 8 * 24  # cut by vLLM's own tokenizer, sent as ids
         assert level["ttft"]["p50"] > 0 and level["tpot"]["mean"] > 0
         assert level["ttft"]["p99"] >= level["ttft"]["p50"]
         assert 0.8 * level["concurrency"] <= level["achieved_concurrency"] <= level["concurrency"]
