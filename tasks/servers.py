@@ -229,6 +229,13 @@ def _alive(handle: dict[str, Any]) -> bool:
     return is_alive(handle["pid"])
 
 
+def _main_pid(handle: dict[str, Any]) -> int | None:
+    if handle["supervisor"] == "process":
+        return int(handle["pid"])
+    state = read_unit(handle["unit"])
+    return state.main_pid if isinstance(state, UnitState) and state.main_pid else None
+
+
 def _leftovers(handle: dict[str, Any]) -> list[int]:
     """Processes of the server still alive (the whole group or control group)."""
     if handle["supervisor"] == "systemd":
@@ -400,6 +407,8 @@ class ServerLaunch(Task[LaunchParams]):
         ctx.finding("url", p.url)
         ctx.finding("ready_after", round(took, 1), "s")
         ctx.finding("supervisor", handle.get("unit") or f"pid {handle['pid']}")
+        if (pid := _main_pid(handle)) is not None:
+            ctx.finding("pid", pid)
         ctx.finding("log", str(log))
         for key, value in resolved.items():
             note = None

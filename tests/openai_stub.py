@@ -3,9 +3,10 @@
     python openai_stub.py PORT [--load SECONDS] [--die-after SECONDS] [--child]
 
 It answers /health, /v1/models, /tokenize (a token per word), /v1/completions (streamed: one
-token per chunk, with `usage` last; a prompt of words or token ids) and /metrics with vLLM-named spec-decode counters that move by a rule a test
-can predict: every request of n output tokens adds n//2 drafts of 3 tokens, n//2 of them
-accepted, so tau = 2.0, k = 3, acceptance 1/3. `--load` waits before listening (a model
+token per chunk, with `usage` last; a prompt of words or token ids) and /metrics with
+vLLM-named spec-decode counters that move by a rule a test can predict: every request of n
+output tokens adds n//2 drafts of 3 tokens, n//2 of them accepted, so tau = 2.0, k = 3,
+acceptance 1/3. `--load` waits before listening (a model
 loading), `--die-after` exits 3 while loading, `--child` forks a process that stays in the
 group (vLLM's EngineCore), so a stop that ends only the main process is caught.
 """

@@ -221,6 +221,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     launch = findings(plan, "launch")
     assert float(str(launch["ready_after"])) >= 1.5
     assert launch["served_model"] == "stub" and launch["max_model_len"] == 4096
+    assert launch["supervisor"] == f"pid {launch['pid']}"
     bench = findings(plan, "bench")
     assert bench["accept_length"] == 2.0 and bench["draft_tokens"] == 3
     assert bench["acceptance"] == pytest.approx(0.3333)

@@ -494,6 +494,7 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
     assert {t["status"] for t in tasks.values()} == {"completed"}, tasks
     unit = tasks["launch"]["f"]["supervisor"]["value"]
     assert re.fullmatch(r"orch-launch-1-[0-9a-f]{6}\.service", unit)
+    assert tasks["launch"]["f"]["pid"]["value"] > 1  # the unit's main pid
     assert tasks["look"]["f"]["kill_mode"]["value"] == "mixed"
     assert tasks["look"]["f"]["processes"]["value"] == 2  # the stub and its child
     assert "stub: serving on" in Path(tasks["launch"]["f"]["log"]["value"]).read_text()
