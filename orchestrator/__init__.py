@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from .errors import TaskTimeout as TaskTimeout
     from .findings import Finding as Finding
     from .status import Status as Status
+    from .task import Argv as Argv
     from .task import CheckResult as CheckResult
     from .task import Context as Context
     from .task import Duration as Duration
@@ -24,8 +25,8 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
 
 _EXPORTS = {
     "Task": "task", "Precondition": "task", "Context": "task", "Finding": "findings",
-    "CheckResult": "task", "NoParams": "task", "Duration": "task", "TaskError": "errors",
-    "TaskTimeout": "errors",
+    "CheckResult": "task", "NoParams": "task", "Duration": "task", "Argv": "task",
+    "TaskError": "errors", "TaskTimeout": "errors",
     "Status": "status", "parse_duration": "durations",
 }
 __all__ = sorted(_EXPORTS)

@@ -16,13 +16,13 @@ from pydantic import BaseModel, ConfigDict, Field
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
 from .process import terminate_group
-from .task import CheckResult, Context, Precondition, Task
+from .task import Argv, CheckResult, Context, Precondition, Task
 
 
 class ShellParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str | list[str] = Field(
+    command: str | Argv = Field(
         description="a string run by `bash -c` (with pipefail), or an argv list run directly"
     )
     env: dict[str, str] = {}

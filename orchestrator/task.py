@@ -25,6 +25,18 @@ from .process import ProcessResult, run_process
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def _argv_items(value: object) -> object:
+    """`[--max-model-len, 512]`: YAML makes 512 an int; an argv item is its text."""
+    if isinstance(value, list):
+        return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+                for v in value]
+    return value
+
+
+# A params field that is an argv list: numbers YAML parsed are taken as their text.
+Argv = Annotated[list[str], BeforeValidator(_argv_items)]
+
+
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

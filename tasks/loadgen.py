@@ -425,19 +425,20 @@ class BenchServe(Task[BenchParams]):
         k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
         for concurrency in p.concurrency:
-            counters: dict[str, dict[str, float]] = {}
+            before: dict[str, float] = {}  # vLLM's counters once warm-up is done
 
-            def before_timed(into: dict[str, dict[str, float]] = counters) -> None:
+            def snapshot(into: dict[str, float] = before) -> None:
                 if target.api == "openai":
-                    into["before"] = _counters(target.url)
+                    into.update(_counters(target.url))
 
             outcomes, duration = asyncio.run(run_level(target, prompts, p, concurrency,
-                                                       before_timed, ctx.progress,
+                                                       snapshot, ctx.progress,
                                                        p.progress_every))
             level = summarize_level(concurrency, outcomes, duration)
-            spec = (sglang_acceptance(outcomes, k) if target.api == "sglang" else
-                    vllm_acceptance(counters["before"], _counters(target.url))
-                    if counters.get("before") else None)
+            if target.api == "sglang":
+                spec = sglang_acceptance(outcomes, k)
+            else:
+                spec = vllm_acceptance(before, _counters(target.url)) if before else None
             if spec:
                 level["spec"] = spec
             levels.append(level)

@@ -32,11 +32,11 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator import Context, Duration, Task, TaskError
+from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.process import group_members, is_alive, last_line, tail, terminate_group
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
@@ -44,17 +44,6 @@ from probes.procs import listeners
 from probes.systemd import UnitNotFound, UnitState, read_unit, systemctl, systemd_unavailable
 
 Flavour = Literal["vllm", "sglang", "command"]
-
-
-def _argv_items(value: object) -> object:
-    """`[--max-model-len, 512]`: YAML makes 512 an int; an argv item is its text."""
-    if isinstance(value, list):
-        return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-                for v in value]
-    return value
-
-
-Argv = Annotated[list[str], BeforeValidator(_argv_items)]
 LAUNCHERS: dict[str, list[str]] = {
     "vllm": ["vllm", "serve"],
     "sglang": ["python3", "-m", "sglang.launch_server"],
@@ -392,10 +381,11 @@ class ServerLaunch(Task[LaunchParams]):
             f.write(f"$ {' '.join(argv)}\n(server output: {log})\n")
         handle = _start(p, argv, name, log, ctx)
         spec = p.speculative
-        ctx.hold(name, {**handle, "url": p.url, "flavour": p.flavour, "log": str(log),
-                        "served_model": p.served_name, "grace": p.stop_timeout,
-                        "draft_tokens": spec.draft_tokens if spec else None,
-                        "algorithm": spec.algorithm if spec else None})
+        held = {**handle, "url": p.url, "flavour": p.flavour, "log": str(log),
+                "served_model": p.served_name, "grace": p.stop_timeout,
+                "draft_tokens": spec.draft_tokens if spec else None,
+                "algorithm": spec.algorithm if spec else None}
+        ctx.hold(name, held)
         try:
             took = _wait_ready(ctx, p, handle, log)
             resolved = _resolved(p)
@@ -403,7 +393,7 @@ class ServerLaunch(Task[LaunchParams]):
             _stop(handle, p.stop_timeout)
             ctx.release(name)
             raise TaskError(str(exc)) from None
-        ctx.hold(name, {**(ctx.held(name) or {}), **resolved})  # bench.serve reads these
+        ctx.hold(name, {**held, **resolved})  # bench.serve reads these
         ctx.finding("url", p.url)
         ctx.finding("ready_after", round(took, 1), "s")
         ctx.finding("supervisor", handle.get("unit") or f"pid {handle['pid']}")

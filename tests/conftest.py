@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -43,6 +44,13 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 20.0, what: str = "
     raise AssertionError(f"timed out waiting for {what or predicate}")
 
 
+def free_port() -> int:
+    """A TCP port nothing listens on now (the kernel's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def pid_alive(pid: int) -> bool:
     """Alive and not a zombie."""
     try:
@@ -78,6 +86,16 @@ class PlanDir:
     def statuses(self, plan_name: str = "t") -> dict[str, str]:
         with self.db(plan_name) as conn:
             return {r["id"]: r["status"] for r in conn.execute("SELECT id, status FROM todos")}
+
+    def status_of(self, task_id: str, plan_name: str = "t") -> str | None:
+        """The task's status now, or None while a starting run has not created the store yet:
+        for polling a run in the background."""
+        if not self.store_path(plan_name).exists():
+            return None
+        try:
+            return self.statuses(plan_name).get(task_id)
+        except sqlite3.OperationalError:  # the schema is not there yet
+            return None
 
     def todo(self, task_id: str, plan_name: str = "t") -> sqlite3.Row:
         with self.db(plan_name) as conn:

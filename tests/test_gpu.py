@@ -14,7 +14,6 @@ import os
 import re
 import select
 import signal
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -32,7 +31,7 @@ from probes.procs import ProcessInfo
 from tasks.gpus import busy
 from tasks.gpus import select as select_gpus
 
-from conftest import PlanDir, run_orch, start_orch, wait_for
+from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 
 MIB = 1024**2
 GIB = 1024**3
@@ -346,10 +345,7 @@ def _findings(pdir: PlanDir, plan: Path, task: str) -> dict[str, object]:
 def _wait_until_waiting(pdir: PlanDir, orch: subprocess.Popen[str]) -> None:
     def waiting() -> bool:
         assert orch.poll() is None, orch.communicate()
-        try:
-            return pdir.store_path().exists() and pdir.statuses().get("free") == "in_progress"
-        except sqlite3.OperationalError:  # the schema is not there yet
-            return False
+        return pdir.status_of("free") == "in_progress"
     wait_for(waiting, 30, "gpu.wait_free to start")
     time.sleep(0.5)  # it is polling by now: its first look takes milliseconds
 
@@ -517,7 +513,7 @@ def test_launch_shows_gpu_memory_growing_while_the_server_loads(
     stub = Path(__file__).with_name("openai_stub.py")
     loader = pdir.root / "loader.py"
     loader.write_text(LOADER.replace("STUB", repr(str(stub))))
-    port = 18000 + os.getpid() % 1000
+    port = free_port()
     plan = pdir.write(f"""
         name: t
         tasks:

@@ -420,3 +420,16 @@ def test_odd_finding_values_are_kept_as_text_not_corrupted(pdir: PlanDir) -> Non
     assert r.returncode == 0, r.stderr
     values = {f["key"]: f["value"] for f in json.loads(r.stdout)["tasks"][0]["findings"]}
     assert values == {"cuda": "12.10", "sha": "1e51234", "big": "99999999999999999999", "n": 7}
+
+
+def test_argv_items_written_as_numbers_are_their_text(pdir: PlanDir) -> None:
+    """`command: [sleep, 0.1]`: YAML reads 0.1 as a number; an argv item is text (the `Argv`
+    params type that server.launch's argv lists use too)."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: [sleep, 0.1]}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert pdir.statuses() == {"a": "completed"}

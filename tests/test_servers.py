@@ -9,7 +9,6 @@ import os
 import re
 import signal
 import socket
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -26,15 +25,9 @@ from tasks.loadgen import (
 )
 from tasks.servers import LaunchParams, render
 
-from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def marked_processes(within: Path, prefix: str = "ORCH_SERVER=") -> list[int]:
@@ -79,14 +72,6 @@ def stub_plan(port: int, extra: str = "", stub_args: str = "--child") -> str:
           stop_timeout: 5s
     {extra}
     """
-
-
-def status_now(pd: PlanDir, task: str) -> str | None:
-    """The task's status, or None while the store is still being created."""
-    try:
-        return pd.statuses().get(task) if pd.store_path().exists() else None
-    except sqlite3.OperationalError:
-        return None
 
 
 def findings(plan: Path, task: str) -> dict[str, object]:
@@ -304,7 +289,7 @@ def test_a_killed_run_leaves_its_server_to_the_next_run_which_ends_it(tmp_path: 
         params: {{command: "until test -f {flag}; do sleep 0.1; done"}}
     """))
     orch = start_orch("run", plan, cwd=tmp_path)
-    wait_for(lambda: status_now(pd, "wait") == "in_progress", timeout=30,
+    wait_for(lambda: pd.status_of("wait") == "in_progress", timeout=30,
              what="the shell task to start")
     os.killpg(orch.pid, signal.SIGKILL)  # orch and the shell task die; the server does not
     orch.communicate()

@@ -25,7 +25,7 @@ import pytest
 
 from probes.systemd import parse_timespan, unit_name
 
-from conftest import ORCH, PlanDir, run_orch, wait_for
+from conftest import ORCH, PlanDir, free_port, run_orch, wait_for
 from sandbox import Sandbox, remove, start
 from test_vllm import vllm_cpu  # noqa: F401  (the fixture)
 
@@ -75,12 +75,6 @@ class Unit:
 _numbers = itertools.count(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _port_open(port: int) -> bool:
     with socket.socket() as s:
         return s.connect_ex(("127.0.0.1", port)) == 0
@@ -88,7 +82,7 @@ def _port_open(port: int) -> bool:
 
 def make_unit(sb: Sandbox, mode: str = "plain", running: bool = True, **service: str) -> Unit:
     """A service running the stand-in server on a free port, started unless `running=False`."""
-    unit = Unit(f"standin-{next(_numbers)}.service", _free_port())
+    unit = Unit(f"standin-{next(_numbers)}.service", free_port())
     lines = [f'ExecStart="{sys.executable}" "{sb.root / "server"}" {unit.port} {mode}',
              *(f"{k}={v}" for k, v in service.items())]
     sb.write_unit(unit.name, "[Unit]\nDescription=stand-in for an inference server\n"
@@ -337,7 +331,7 @@ def test_kill_mode_process_leftovers(sandbox: Sandbox, pdir: PlanDir) -> None:
 @pytest.mark.systemd
 def test_stop_of_transient_unit_that_is_collected(sandbox: Sandbox, pdir: PlanDir) -> None:
     """A `systemd-run --collect` unit (how a server is launched) vanishes once stopped: ok."""
-    name, port = f"transient-{next(_numbers)}.service", _free_port()
+    name, port = f"transient-{next(_numbers)}.service", free_port()
     sandbox.units.add(name)
     r = sandbox.run(["systemd-run", f"--unit={name}", "--collect", "-p", "KillMode=mixed",
                      sys.executable, str(sandbox.root / "server"), str(port), "plain"])
@@ -467,7 +461,7 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
     """Where systemd runs, server.launch uses `systemd-run` (KillMode=mixed, the log appended
     to the task's server log); server.stop ends the main process and the child it forked, and
     the collected unit is gone."""
-    port = _free_port()
+    port = free_port()
     stub = Path(__file__).with_name("openai_stub.py")
     tasks = run_plan(sandbox, pdir, f"""
         name: t
@@ -510,7 +504,7 @@ def test_the_rehearsal_stops_a_vllm_unit_with_its_engine_processes(
         sandbox: Sandbox, pdir: PlanDir) -> None:
     """plans/rehearsal.yaml's first step where systemd runs (`--var production=systemd`): a real
     vLLM as a unit, API server plus EngineCore in its cgroup, stopped with nothing left."""
-    port = _free_port()
+    port = free_port()
     unit = f"vllm-rehearsal-{port}.service"
     serve = Path(__file__).resolve().parent.parent / "scripts" / "vllm_cpu" / "serve.sh"
     r = sandbox.run(["systemd-run", f"--unit={unit}", "--", str(serve), str(port)])

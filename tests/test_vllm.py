@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
-from test_servers import findings, free_port, marked_processes, status_now
+from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
+from test_servers import findings, marked_processes
 
 ROOT = Path(__file__).resolve().parent.parent
 SETUP = ROOT / "scripts" / "vllm_cpu" / "setup.sh"
@@ -160,13 +160,13 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         wait_for(lambda: subprocess.run(
             ["curl", "-sf", f"http://127.0.0.1:{production_port}/health"],
             capture_output=True).returncode == 0, timeout=300, what="the production vLLM")
-        args = ["run", ROOT / "plans/rehearsal.yaml", "--store", tmp_path / "r.db",
+        pd = PlanDir(tmp_path)
+        store = pd.store_path("rehearsal")
+        args = ["run", ROOT / "plans/rehearsal.yaml", "--store", store,
                 "--var", f"servers={SERVERS}", "--var", f"production_port={production_port}",
                 "--var", f"port={port}", "--var", "requests=8", "--var", "concurrency=[1, 4]"]
-        pd = PlanDir(tmp_path)
-        pd.store_path = lambda plan_name="t": tmp_path / "r.db"  # type: ignore[method-assign]
         orch = start_orch(*args, cwd=ROOT)
-        wait_for(lambda: status_now(pd, "launch_noisy") == "in_progress", timeout=400,
+        wait_for(lambda: pd.status_of("launch_noisy", "rehearsal") == "in_progress", timeout=400,
                  what="the second launch")
         os.killpg(orch.pid, signal.SIGKILL)
         orch.communicate()
@@ -175,12 +175,12 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         r = run_orch(*args, cwd=ROOT, timeout=900)
         assert r.returncode == 0, r.stderr[-3000:]
         assert not any(pid_alive(p) for p in leftover)
-        with pd.db() as db:
+        with pd.db("rehearsal") as db:
             attempts = dict(db.execute("SELECT id, attempts FROM todos").fetchall())
         # Finished work was not redone; the interrupted launch ran again.
         assert attempts["launch_base"] == attempts["bench_base"] == 1
         assert attempts["launch_noisy"] == 2
-        board = run_orch("status", "--store", tmp_path / "r.db", "--json", cwd=ROOT)
+        board = run_orch("status", "--store", store, "--json", cwd=ROOT)
         tasks = {t["id"]: t for t in json.loads(board.stdout)["tasks"]}
         for task_id, task in tasks.items():
             if task_id != "stop_vllm_unit":
