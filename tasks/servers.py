@@ -173,18 +173,19 @@ def render(p: LaunchParams) -> list[str]:
 
 
 # --- supervisors ---------------------------------------------------------------------------------
+# A started server is a handle (JSON, kept in the store): {"supervisor": "systemd", "unit": ...}
+# or {"supervisor": "process", "pid": ..., "marker": ...}. `supervisor(handle)` gives the class
+# that knows how to look at it and end it; each answers the same four questions.
 
-def _start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context) -> dict[str, Any]:
-    """Start the server; the handle that `_alive` and `_stop` need (kept in the store)."""
-    use_systemd = p.supervisor == "systemd" or (
-        p.supervisor == "auto" and systemd_unavailable() is None
-        and shutil.which("systemd-run") is not None)
-    if p.supervisor == "systemd" and (why := systemd_unavailable()):
-        raise TaskError(f"supervisor systemd: {why}")
-    cwd = str(Path(p.cwd or ".").resolve())
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **p.env}
-    if use_systemd:
+
+class _Unit:
+    """A transient systemd unit: KillMode=mixed, so a stop takes its whole control group."""
+
+    @staticmethod
+    def start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context,
+              cwd: str) -> dict[str, Any]:
         unit = f"orch-{name.replace('_', '-')}-{ctx.run_id}-{secrets.token_hex(3)}.service"
+        env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **p.env}
         cmd = ["systemd-run", "--quiet", "--collect", f"--unit={unit}",
                "--property=KillMode=mixed", f"--property=TimeoutStopSec={int(p.stop_timeout)}s",
                f"--property=StandardOutput=append:{log}", "--property=StandardError=inherit",
@@ -195,66 +196,91 @@ def _start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context)
         if done.returncode != 0:
             raise TaskError(f"systemd-run failed: {done.stderr.strip() or done.returncode}")
         return {"supervisor": "systemd", "unit": unit}
-    marker = f"{name}@{ctx.run_id}:{secrets.token_hex(4)}"
-    with log.open("ab") as out:
-        try:
-            proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-                env={**os.environ, **p.env, "ORCH_SERVER": marker}, start_new_session=True)
-        except OSError as exc:
-            raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
-    _children[proc.pid] = proc
-    return {"supervisor": "process", "pid": proc.pid, "marker": marker}
 
-
-def _alive(handle: dict[str, Any]) -> bool:
-    if handle["supervisor"] == "systemd":
+    @staticmethod
+    def alive(handle: dict[str, Any]) -> bool:
         state = read_unit(handle["unit"])
-        return isinstance(state, UnitState) and state.active_state in ("active", "activating",
-                                                                       "reloading")
-    proc = _children.get(handle["pid"])
-    if proc is not None:
-        return proc.poll() is None
-    return is_alive(handle["pid"])
+        return isinstance(state, UnitState) and state.active_state in (
+            "active", "activating", "reloading")
 
-
-def _main_pid(handle: dict[str, Any]) -> int | None:
-    if handle["supervisor"] == "process":
-        return int(handle["pid"])
-    state = read_unit(handle["unit"])
-    return state.main_pid if isinstance(state, UnitState) and state.main_pid else None
-
-
-def _leftovers(handle: dict[str, Any]) -> list[int]:
-    """Processes of the server still alive (the whole group or control group)."""
-    if handle["supervisor"] == "systemd":
+    @staticmethod
+    def main_pid(handle: dict[str, Any]) -> int | None:
         state = read_unit(handle["unit"])
-        if isinstance(state, UnitState):
-            return [p.pid for p in state.processes or ()]
-        return []
-    return group_members(handle["pid"], ("ORCH_SERVER", handle["marker"]))
+        return state.main_pid if isinstance(state, UnitState) and state.main_pid else None
 
+    @staticmethod
+    def leftovers(handle: dict[str, Any]) -> list[int]:
+        state = read_unit(handle["unit"])
+        return [p.pid for p in state.processes or ()] if isinstance(state, UnitState) else []
 
-def _stop(handle: dict[str, Any], grace: float) -> str:
-    """End the server and every process it forked; what was done, in words."""
-    started = time.monotonic()
-    if handle["supervisor"] == "systemd":
-        unit = handle["unit"]
-        before = read_unit(unit)
-        if isinstance(before, UnitNotFound):
+    @staticmethod
+    def stop(handle: dict[str, Any], grace: float) -> str:
+        unit, started = handle["unit"], time.monotonic()
+        if isinstance(read_unit(unit), UnitNotFound):
             return f"{unit} had already stopped"
         # systemctl stop waits for the job; systemd itself SIGKILLs after TimeoutStopSec.
         done = systemctl(["stop", "--no-ask-password", "--", unit], timeout=grace + 30)
         if done.returncode != 0 and not isinstance(read_unit(unit), UnitNotFound):
             raise TaskError(f"systemctl stop {unit}: {done.stderr.strip()}")
         return f"stopped {unit} in {time.monotonic() - started:.1f}s"
-    pid = handle["pid"]
-    ended = terminate_group(pid, grace, _children.pop(pid, None),
-                            marker=("ORCH_SERVER", handle["marker"]))
-    if not ended:
-        return f"server pid {pid} had already exited"
-    return f"ended pid {pid} and its group ({len(ended)} processes) in " \
-           f"{time.monotonic() - started:.1f}s"
+
+
+class _Group:
+    """A process group of its own, every member marked with ORCH_SERVER (a reused pgid is
+    never hit)."""
+
+    @staticmethod
+    def start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context,
+              cwd: str) -> dict[str, Any]:
+        marker = f"{name}@{ctx.run_id}:{secrets.token_hex(4)}"
+        with log.open("ab") as out:
+            try:
+                proc = subprocess.Popen(
+                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    cwd=cwd, env={**os.environ, **p.env, "ORCH_SERVER": marker},
+                    start_new_session=True)
+            except OSError as exc:
+                raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
+        _children[proc.pid] = proc
+        return {"supervisor": "process", "pid": proc.pid, "marker": marker}
+
+    @staticmethod
+    def alive(handle: dict[str, Any]) -> bool:
+        proc = _children.get(handle["pid"])
+        return proc.poll() is None if proc is not None else is_alive(handle["pid"])
+
+    @staticmethod
+    def main_pid(handle: dict[str, Any]) -> int | None:
+        return int(handle["pid"])
+
+    @staticmethod
+    def leftovers(handle: dict[str, Any]) -> list[int]:
+        return group_members(handle["pid"], ("ORCH_SERVER", handle["marker"]))
+
+    @staticmethod
+    def stop(handle: dict[str, Any], grace: float) -> str:
+        pid, started = handle["pid"], time.monotonic()
+        ended = terminate_group(pid, grace, _children.pop(pid, None),
+                                marker=("ORCH_SERVER", handle["marker"]))
+        if not ended:
+            return f"server pid {pid} had already exited"
+        return (f"ended pid {pid} and its group ({len(ended)} processes) in "
+                f"{time.monotonic() - started:.1f}s")
+
+
+def supervisor(handle: dict[str, Any]) -> type[_Unit] | type[_Group]:
+    return _Unit if handle["supervisor"] == "systemd" else _Group
+
+
+def _start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context) -> dict[str, Any]:
+    """Start the server under systemd where it runs (or where asked), else as a group."""
+    if p.supervisor == "systemd" and (why := systemd_unavailable()):
+        raise TaskError(f"supervisor systemd: {why}")
+    use_systemd = p.supervisor == "systemd" or (
+        p.supervisor == "auto" and systemd_unavailable() is None
+        and shutil.which("systemd-run") is not None)
+    cwd = str(Path(p.cwd or ".").resolve())
+    return (_Unit if use_systemd else _Group).start(p, argv, name, log, ctx, cwd)
 
 
 # --- readiness -----------------------------------------------------------------------------------
@@ -295,7 +321,7 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
     gpu = _GpuMemory()
     try:
         while True:
-            if not _alive(handle):
+            if not supervisor(handle).alive(handle):
                 lines = "\n".join(tail(log, LOG_TAIL_LINES))
                 raise TaskError(f"the server exited while loading ({stage}); its log {log} "
                                 f"ends:\n{lines}")
@@ -390,14 +416,14 @@ class ServerLaunch(Task[LaunchParams]):
             took = _wait_ready(ctx, p, handle, log)
             resolved = _resolved(p)
         except (TaskError, http.Unreachable) as exc:  # a retry must find the port free
-            _stop(handle, p.stop_timeout)
+            supervisor(handle).stop(handle, p.stop_timeout)
             ctx.release(name)
             raise TaskError(str(exc)) from None
         ctx.hold(name, {**held, **resolved})  # bench.serve reads these
         ctx.finding("url", p.url)
         ctx.finding("ready_after", round(took, 1), "s")
         ctx.finding("supervisor", handle.get("unit") or f"pid {handle['pid']}")
-        if (pid := _main_pid(handle)) is not None:
+        if (pid := supervisor(handle).main_pid(handle)) is not None:
             ctx.finding("pid", pid)
         ctx.finding("log", str(log))
         for key, value in resolved.items():
@@ -408,7 +434,7 @@ class ServerLaunch(Task[LaunchParams]):
 
     @classmethod
     def release(cls, data: dict[str, Any]) -> str:
-        return _stop(data, float(data.get("grace", 60.0)))
+        return supervisor(data).stop(data, float(data.get("grace", 60.0)))
 
 
 class StopParams(BaseModel):
@@ -430,8 +456,8 @@ class ServerStop(Task[StopParams]):
                                                "(already stopped)")
             return
         started = time.monotonic()
-        done = _stop(handle, self.params.timeout)
-        left = _leftovers(handle)
+        done = supervisor(handle).stop(handle, self.params.timeout)
+        left = supervisor(handle).leftovers(handle)
         if left:
             raise TaskError(f"{done}, but processes {left} are still alive")
         ctx.release(self.params.server)
