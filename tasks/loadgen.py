@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -64,7 +64,7 @@ class BenchParams(BaseModel):
     api: Literal["auto", "openai", "sglang"] = Field(
         "auto", description="openai: /v1/completions; sglang: native /generate (meta_info "
                             "gives acceptance); auto: sglang for an SGLang server")
-    concurrency: list[int] = Field([1, 8, 32, 128], min_length=1)
+    concurrency: list[Annotated[int, Field(ge=1)]] = Field([1, 8, 32, 128], min_length=1)
     requests: int = Field(64, ge=1, description="timed requests per level")
     warmup: int = Field(2, ge=0, description="requests per level not counted")
     dataset: str | None = Field(

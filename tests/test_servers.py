@@ -129,6 +129,16 @@ def test_a_server_without_its_model_is_a_plan_error(tmp_path: Path) -> None:
     r = run_orch("validate", plan)
     assert r.returncode == 2
     assert "plan.yaml:6:" in r.stderr and "flavour vllm needs `model`" in r.stderr
+    plan = pd.write("""
+    name: t
+    tasks:
+      - id: bench
+        kind: bench.serve
+        params: {url: "http://127.0.0.1:1", concurrency: [1, 0]}
+    """)
+    r = run_orch("validate", plan)  # a semaphore of 0 would wait for ever
+    assert r.returncode == 2
+    assert "param 'concurrency.1': Input should be greater than or equal to 1" in r.stderr
     assert "Traceback" not in r.stderr
 
 
