@@ -45,7 +45,8 @@ class Selection:
         """Also run again each completed task whose resource the engine ended (`ended`: task ->
         how) while a task that needs it, in scope, has still to run (resources.py)."""
         revived = {
-            task_id: f"what it held was ended ({how}); {', '.join(waiting)} still need it"
+            task_id: f"what it held was ended ({how}); {', '.join(waiting)} still "
+                     f"need{'s' if len(waiting) == 1 else ''} it"
             for task_id, how in ended.items()
             if task_id in plan.by_id and statuses.get(task_id) is Status.COMPLETED
             and (waiting := [d for d in plan.dependents[task_id] if d in self.scope

@@ -275,11 +275,11 @@ def test_the_end_of_a_run_stops_its_servers_and_a_resume_relaunches(tmp_path: Pa
     assert not marked_processes(tmp_path, "ORCH_SERVER=launch@1:")  # the end of run 1 stopped it
     dry = run_orch("plan", plan, cwd=tmp_path)  # `orch plan` says what `run` will do, and why
     assert re.search(r"run\s+launch\s+what it held was ended \(at the end of run #1\); use "
-                     r"still need it", dry.stdout), dry.stdout
+                     r"still needs it", dry.stdout), dry.stdout
     flag.touch()
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "task.revived" in r.stderr and "use still need" in r.stderr
+    assert "task.revived" in r.stderr and "use still needs it" in r.stderr
     with pd.db() as db:
         attempts = dict(db.execute("SELECT id, attempts FROM todos").fetchall())
     assert attempts == {"launch": 2, "use": 2}
