@@ -301,7 +301,7 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
     \b
     Example:
       orch logs install_sglang -n 50
-      orch logs test_base -f
+      orch logs launch_base -f
     """
     import time
 
