@@ -24,8 +24,9 @@ from contextlib import closing
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.executor import RunOptions, execute, runs_dir
+from orchestrator.executor import RunOptions, execute
 from orchestrator.plan import Plan, load_plan
+from orchestrator.store import runs_dir
 
 BENCH_DIR = Path(__file__).resolve().parent
 PYTHON = sys.executable

@@ -305,9 +305,9 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
     """
     import time
 
-    from .executor import runs_dir
     from .process import tail
     from .status import Status
+    from .store import runs_dir
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)

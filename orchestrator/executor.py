@@ -34,7 +34,7 @@ from .process import INTERRUPTS, tail, terminate_group
 from .resources import release_all
 from .selection import Action, Selection, decide
 from .status import Status
-from .store import Store, TodoSpec
+from .store import Store, TodoSpec, runs_dir
 from .task import Context
 from .templating import Ref, evaluate_when, resolve
 
@@ -59,11 +59,6 @@ class RunResult:
     outcome: str  # completed | failed | interrupted
     exit_code: int
     stale: dict[str, tuple[str, ...]]
-
-
-def runs_dir(store_path: Path) -> Path:
-    """Logs live beside the store: `.orch/<plan>.runs/<run id>/`."""
-    return store_path.with_name(store_path.stem + ".runs")
 
 
 def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:

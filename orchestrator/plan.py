@@ -5,7 +5,6 @@ Nothing here touches the host: a plan is validated completely before anything ru
 
 from __future__ import annotations
 
-import difflib
 import graphlib
 import hashlib
 import heapq
@@ -18,16 +17,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
-from .errors import PlanError, PlanIssue
-from .task import Duration
+from .errors import PlanError, PlanIssue, did_you_mean
+from .task import Duration, as_list
 from .templating import Ref, compile_when, iter_refs
 from .yamlsource import Located, Path_, load_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
-
-
-def _as_list(value: object) -> object:
-    return [value] if isinstance(value, str) else value
 
 
 def _as_retries(value: object) -> object:
@@ -51,7 +46,7 @@ class TaskSpec(BaseModel):
     priority: Literal["high", "medium", "low"] = "medium"
     kind: str
     params: dict[str, Any] = {}
-    needs: Annotated[list[str], BeforeValidator(_as_list)] = []
+    needs: Annotated[list[str], BeforeValidator(as_list)] = []
     preconditions: list[dict[str, Any]] = []
     when: bool | str | None = None
     timeout: Duration | None = None
@@ -159,7 +154,7 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     for key, value in (var_overrides or {}).items():
         if key not in variables:
             issues.append(src.issue(("vars",), f"--var {key}: the plan has no var {key!r}"
-                                    f"{_hint(key, variables)}"))
+                                    f"{did_you_mean(key, variables)}"))
         else:
             variables[key] = value
 
@@ -221,7 +216,8 @@ def _check_graph(
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
             if need not in raw_ids:
-                message = f"task {spec.id!r} needs unknown task {need!r}{_hint(need, raw_ids)}"
+                message = (f"task {spec.id!r} needs unknown task {need!r}"
+                           f"{did_you_mean(need, raw_ids)}")
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
     # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
@@ -344,9 +340,9 @@ def _ref_problems(
 ) -> list[str]:
     if ref.task is None:
         if ref.name not in variables:
-            return [f"${{{ref}}}: no var {ref.name!r}{_hint(ref.name, variables)}"]
+            return [f"${{{ref}}}: no var {ref.name!r}{did_you_mean(ref.name, variables)}"]
     elif ref.task not in ids:
-        return [f"${{{ref}}}: no task {ref.task!r}{_hint(ref.task, ids)}"]
+        return [f"${{{ref}}}: no task {ref.task!r}{did_you_mean(ref.task, ids)}"]
     elif (above := upstream.of(task_id)) is not None and ref.task not in above:
         return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
                 "add it to `needs` so it runs first"]
@@ -393,7 +389,7 @@ def _validate_params(
                 continue
             name = ".".join(str(p) for p in loc)
             if e["type"] == "extra_forbidden":
-                msg = f"unknown param {name!r}{_hint(str(loc[0]), fields)}"
+                msg = f"unknown param {name!r}{did_you_mean(str(loc[0]), fields)}"
                 if fields:
                     msg += f"; {cls.__name__} takes: {', '.join(fields)}"
             elif e["type"] == "missing":
@@ -431,11 +427,6 @@ def _sentence(error: Any) -> str:
 
 def _message(error: Any) -> str:
     return re.sub(r"^Value error, ", "", str(error["msg"]))
-
-
-def _hint(word: str, choices: Any) -> str:
-    close = difflib.get_close_matches(word, list(choices), n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def parse_var(text: str) -> tuple[str, Any]:

@@ -27,7 +27,6 @@ PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processe
 @dataclass(frozen=True)
 class ProcessResult:
     returncode: int
-    duration: float
     log_path: Path
     log_offset: int  # where this process's output starts in the log
 
@@ -96,7 +95,7 @@ def run_process(
     except BaseException:
         terminate_group(proc.pid, grace, proc)
         raise
-    return ProcessResult(proc.returncode, time.monotonic() - started, log_path, offset)
+    return ProcessResult(proc.returncode, log_path, offset)
 
 
 def terminate_group(

@@ -9,12 +9,12 @@ Entry points are loaded only for the kinds a plan names, so a plan pays for what
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
+from .errors import did_you_mean
 from .task import Precondition, Task
 
 if TYPE_CHECKING:
@@ -67,12 +67,9 @@ def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
         except Exception as exc:  # ImportError, AttributeError, or `:` alone (ValueError)
             raise UnknownKind(f"cannot import {noun} {kind!r}: {exc}") from None
     else:
-        close = difflib.get_close_matches(kind, known_kinds(group), n=1)
-        hint = f" (did you mean {close[0]!r}?)" if close else ""
-        raise UnknownKind(
-            f"unknown {noun} {kind!r}{hint}; known: {', '.join(known_kinds(group))},"
-            " or module:Class"
-        )
+        known = known_kinds(group)
+        raise UnknownKind(f"unknown {noun} {kind!r}{did_you_mean(kind, known)}; known: "
+                          f"{', '.join(known)}, or module:Class")
     base = _BASES[group]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise UnknownKind(f"{kind!r} is not a subclass of orchestrator.{base.__name__}")

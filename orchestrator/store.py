@@ -53,6 +53,11 @@ class RunIdentity:
     boot_id: str
 
 
+def runs_dir(store_path: Path) -> Path:
+    """Logs live beside the store: `.orch/<plan>.runs/<run id>/`."""
+    return store_path.with_name(store_path.stem + ".runs")
+
+
 class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         self.path = path

@@ -25,6 +25,11 @@ from .process import ProcessResult, run_process
 Duration = Annotated[float, BeforeValidator(parse_duration)]
 
 
+def as_list(value: object) -> object:
+    """A params field that takes one item or a list: `needs: a` is `needs: [a]`."""
+    return [value] if isinstance(value, str) else value
+
+
 def _argv_items(value: object) -> object:
     """`[--max-model-len, 512]`: YAML makes 512 an int; an argv item is its text."""
     if isinstance(value, list):
@@ -89,6 +94,12 @@ class Context:
     def release(self, name: str) -> None:
         """Record that this task has ended the resource `name`."""
         self.sink.release(name)
+
+    def log(self, text: str) -> None:
+        """Append `text` (a line, or lines) to this task's log: what `orch logs ID` shows."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("a") as f:
+            f.write(text if text.endswith("\n") else text + "\n")
 
     def remaining(self) -> float | None:
         """Seconds left before the task's timeout, or None."""

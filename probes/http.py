@@ -17,11 +17,6 @@ from typing import Any
 class Unreachable(Exception):
     """The request got no usable answer; the text says why."""
 
-    def __init__(self, why: str, status: int | None = None) -> None:
-        super().__init__(why)
-        self.status = status
-
-
 def request(url: str, body: Mapping[str, Any] | None = None, timeout: float = 5.0) -> bytes:
     """GET `url` (or POST `body` as JSON); the body of a 2xx answer, else Unreachable."""
     data = None if body is None else json.dumps(body).encode()
@@ -32,7 +27,7 @@ def request(url: str, body: Mapping[str, Any] | None = None, timeout: float = 5.
             return content
     except urllib.error.HTTPError as exc:
         detail = exc.read()[:200].decode("utf-8", "replace").strip()
-        raise Unreachable(f"HTTP {exc.code}{': ' + detail if detail else ''}", exc.code) from None
+        raise Unreachable(f"HTTP {exc.code}{': ' + detail if detail else ''}") from None
     except urllib.error.URLError as exc:
         reason = exc.reason
         text = getattr(reason, "strerror", None) or str(reason)

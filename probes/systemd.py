@@ -33,7 +33,7 @@ _UNIT_CHAR = re.compile(r"[A-Za-z0-9:_.\\@-]")
 
 PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "MainPID", "Result", "KillMode",
               "ControlGroup", "Job", "TimeoutStartUSec", "TimeoutStopUSec", "ExecMainCode",
-              "ExecMainStatus", "InvocationID")
+              "ExecMainStatus")
 STOPPED = ("inactive", "failed")
 CHANGING = ("activating", "deactivating", "reloading", "refreshing")
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -98,7 +98,6 @@ class UnitState:
     timeout_stop: float | None
     exec_main_code: int  # CLD_* of the main process: 1 exited, 2 killed, 3 dumped
     exec_main_status: int  # its exit status, or the signal number
-    invocation_id: str
     processes: tuple[UnitProcess, ...] | None  # None when the control group could not be read
 
     @property
@@ -258,7 +257,6 @@ def _unit_state(name: str, props: dict[str, str]) -> UnitState:
         timeout_stop=parse_timespan(props.get("TimeoutStopUSec", "")),
         exec_main_code=number("ExecMainCode"),
         exec_main_status=number("ExecMainStatus"),
-        invocation_id=props.get("InvocationID", ""),
         processes=cgroup_processes(cgroup),
     )
 

@@ -503,7 +503,7 @@ def compare(name: str, cand: Result, base: Result, noise: float = 0.03,
     if acc is not None and base_c1 is not None and acc.tau > 1 + noise:
         t_dec = 1000.0 / base_c1.level.output_tok_s  # section 4: 63.6 tok/s -> 15.7 ms
         v.break_even = BreakEven(
-            base_c1.level.output_tok_s, t_dec, acc.tau * t_dec, (acc.tau - 1) / acc.k, acc.tau,
+            base_c1.level.output_tok_s, t_dec, acc.tau * t_dec, acc.strict, acc.tau,
             {c: modelled_speedup(acc.tau, acc.k, c) for c in DRAFT_COSTS},
             None if c1 is None else c1.speedup)
     _decide(v, base, noise)
@@ -704,8 +704,7 @@ class AnalyzeCompare(Task[CompareParams]):
         text = render(ctx.task_id, base, verdicts)
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(text)
-        with ctx.log_path.open("a") as log:  # `orch logs ID` shows the report too
-            log.write(text)
+        ctx.log(text)  # `orch logs ID` shows the report too
         for v in verdicts:
             record(ctx, v)
         ctx.finding("report", str(report), note=f"{len(verdicts)} candidate(s)")

@@ -43,7 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Context, Duration, Task, TaskError
 from probes import http
-from tasks.analyze import SCHEMA, alpha_from_tau
+from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate
 
 WORDS = [
     "the", "a", "of", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from",
@@ -343,7 +343,8 @@ def acceptance(tau: float, k: float) -> dict[str, Any]:
     """tau with k, on one definition: strict rate (tau-1)/k and the per-token alpha."""
     k_int = round(k)
     found: dict[str, Any] = {"accept_length": tau, "draft_tokens": k_int,
-                             "acceptance": (tau - 1) / k_int, "acceptance_definition": "strict"}
+                             "acceptance": strict_rate(tau, k_int),
+                             "acceptance_definition": "strict"}
     if 1.0 <= tau <= k_int + 1:
         found["alpha"] = alpha_from_tau(tau, k_int)
     return found
@@ -451,8 +452,7 @@ class BenchServe(Task[BenchParams]):
         path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
-        with ctx.log_path.open("a") as log:
-            log.writelines(_level_line(lv) + "\n" for lv in levels)
+        ctx.log("\n".join(_level_line(lv) for lv in levels))
         self.record(ctx, levels, result, path)
 
     def result(self, target: Target, levels: list[dict[str, Any]]) -> dict[str, Any]:

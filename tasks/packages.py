@@ -30,16 +30,13 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from orchestrator import Context, Task, TaskError, TaskTimeout
+from orchestrator.task import as_list
 from tasks.host import default_import_name, probe_package
 
 PROBE_TIMEOUT = 600.0  # seconds for a probe when the task has no timeout (imports can be slow)
 
 
-def _as_list(value: object) -> object:
-    return [value] if isinstance(value, str) else value
-
-
-StrList = Annotated[list[str], BeforeValidator(_as_list)]
+StrList = Annotated[list[str], BeforeValidator(as_list)]
 
 
 class InstallParams(BaseModel):
@@ -185,10 +182,10 @@ class PythonInstall(Task[InstallParams]):
         before = _inventory(ctx, python, req.name)
         why = before.unmet(req)
         if why is None:
-            _note(ctx, f"{req} is already satisfied in {p.venv}; nothing installed")
+            ctx.log(f"# {req} is already satisfied in {p.venv}; nothing installed")
             self._verify(ctx, python, req, before, None, note="already satisfied")
             return
-        _note(ctx, f"{why}: installing {req}")
+        ctx.log(f"# {why}: installing {req}")
         installer, argv = _installer_argv(p, python)
         ctx.run([*argv, str(req)])
         after = _inventory(ctx, python, req.name)
@@ -300,8 +297,3 @@ def _probe_timeout(ctx: Context) -> float:
     return PROBE_TIMEOUT if remaining is None else remaining
 
 
-def _note(ctx: Context, message: str) -> None:
-    """A line in the task log, so `orch logs` says why something was (not) installed."""
-    ctx.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with ctx.log_path.open("a") as log:
-        log.write(f"# {message}\n")

@@ -41,8 +41,9 @@ class ProcessStop(Task[StopParams]):
         p = self.params
         pid = p.pid
         if p.port is not None:
-            found = [ln.process for ln in listeners(p.port) if ln.process is not None]
-            if not found and listeners(p.port):
+            held = listeners(p.port)
+            found = [ln.process for ln in held if ln.process is not None]
+            if not found and held:
                 raise TaskError(f"port {p.port} is held by a process this user cannot see")
             pid = found[0].pid if found else None
         if pid is None or not is_alive(pid):

@@ -403,8 +403,7 @@ class ServerLaunch(Task[LaunchParams]):
                          "max_running_requests is set (serving-reference.md 1.2)")
         argv = render(p)
         log = (ctx.log_path.parent / f"{name}.server.log").resolve()
-        with ctx.log_path.open("a") as f:
-            f.write(f"$ {' '.join(argv)}\n(server output: {log})\n")
+        ctx.log(f"$ {' '.join(argv)}\n(server output: {log})")
         handle = _start(p, argv, name, log, ctx)
         spec = p.speculative
         held = {**handle, "url": p.url, "flavour": p.flavour, "log": str(log),
@@ -461,7 +460,6 @@ class ServerStop(Task[StopParams]):
         if left:
             raise TaskError(f"{done}, but processes {left} are still alive")
         ctx.release(self.params.server)
-        with ctx.log_path.open("a") as f:
-            f.write(done + "\n")
+        ctx.log(done)
         ctx.finding("stopped", True, note=done)
         ctx.finding("stop_took", round(time.monotonic() - started, 2), "s")

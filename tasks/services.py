@@ -26,6 +26,7 @@ from orchestrator import (
     TaskTimeout,
 )
 from orchestrator.process import is_alive, process_start_time, terminate_pids
+from orchestrator.task import as_list
 from probes.systemd import (
     STOPPED,
     SystemdUnavailable,
@@ -205,7 +206,7 @@ def _wait(ctx: Context, before: UnitState, verb: str, deadline: float | None) ->
                 main_pid=0, job="", result="", processes=cgroup_processes(before.control_group))
         state = probe
         if state.state != last:
-            _log(ctx, state.describe())
+            ctx.log(state.describe())
             last = state.state
         if state.is_settled:
             return state
@@ -278,13 +279,6 @@ def _warn_kill_mode(ctx: Context, state: UnitState) -> None:
     ctx.finding("kill_mode", state.kill_mode, note=f"warning: {text}")
 
 
-def _log(ctx: Context, line: str) -> None:
-    """A line in the task's log (`orch logs`), beside the systemctl commands it ran."""
-    ctx.log_path.parent.mkdir(parents=True, exist_ok=True)
-    with ctx.log_path.open("a") as f:
-        f.write(f"{line}\n")
-
-
 def _pid_note(state: UnitState) -> str | None:
     return f"main pid {state.main_pid}" if state.main_pid else None
 
@@ -297,15 +291,11 @@ def _span(seconds: float | None) -> str:
     return "infinity" if seconds is None else f"{seconds:g}s"
 
 
-def _as_list(value: object) -> object:
-    return [value] if isinstance(value, str) else value
-
-
 class UnitCheckParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     unit: UnitName
-    state: Annotated[list[ActiveState] | None, BeforeValidator(_as_list)] = Field(
+    state: Annotated[list[ActiveState] | None, BeforeValidator(as_list)] = Field(
         None, description="the ActiveState wanted, or a list of those accepted")
     load: LoadState | None = Field(
         None, description="the LoadState wanted, e.g. loaded, not-found; with neither this nor "
