@@ -164,6 +164,30 @@ def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]
     return members
 
 
+def marked(marker: tuple[str, str]) -> list[int]:
+    """Live pids anywhere on the host whose environment carries `marker` (NAME, VALUE).
+
+    Children inherit the environment, so this finds every process a server spawned however it
+    was spawned: in its group or out of it (`setsid`, a daemonizing double fork, vLLM's
+    EngineCore and workers). Only a process that clears its own environment escapes it.
+    """
+    return [pid for entry in os.listdir("/proc") if entry.isdigit()
+            if is_alive(pid := int(entry)) and _has_marker(pid, marker)]
+
+
+def terminate_marked(marker: tuple[str, str], grace: float,
+                     leader: subprocess.Popen[Any] | None = None) -> list[int]:
+    """End every process carrying `marker`, scanning again until none is left: a process
+    forked while the first ones were ending (a worker respawned) is caught by the next scan.
+    Returns every pid signalled; a process that will not die is the caller's to report."""
+    ended: list[int] = []
+    for _ in range(5):
+        if not (pids := [pid for pid in marked(marker) if pid != os.getpid()]):
+            break
+        ended += terminate_pids(pids, grace if not ended else min(grace, 2.0), leader)
+    return sorted(set(ended))
+
+
 def is_alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
     stat = _stat_fields(pid)

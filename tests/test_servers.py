@@ -12,9 +12,12 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from orchestrator import Context
+from orchestrator.process import marked
 from tasks.loadgen import (
     Outcome,
     read_chunk,
@@ -23,7 +26,7 @@ from tasks.loadgen import (
     summarize_level,
     vllm_acceptance,
 )
-from tasks.servers import LaunchParams, render
+from tasks.servers import LaunchParams, ServerLaunch, render
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 
@@ -57,7 +60,10 @@ def no_server_left(tmp_path: Path) -> object:
     assert not left, f"server processes left running: {left}"
 
 
-def stub_plan(port: int, extra: str = "", stub_args: str = "--child") -> str:
+def stub_plan(port: int, extra: str = "", stub_args: str = "--child",
+              command: str | None = None) -> str:
+    """A plan launching the stub (or `command`, a YAML list), then the `extra` tasks."""
+    command = command or f'[{sys.executable}, {STUB}, "{port}", {", ".join(stub_args.split())}]'
     return f"""
     name: t
     tasks:
@@ -65,7 +71,7 @@ def stub_plan(port: int, extra: str = "", stub_args: str = "--child") -> str:
         kind: server.launch
         params:
           flavour: command
-          command: [{sys.executable}, {STUB}, "{port}", {", ".join(stub_args.split())}]
+          command: {command}
           port: {port}
           ready_timeout: 30s
           progress_every: 0.5s
@@ -212,7 +218,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading for" in r.stderr and "connection refused" in r.stderr  # progress shown
-    assert re.search(r"c=1: \d/8 requests done, [\d.]+ tok/s so far", r.stderr)
+    assert re.search(r"c=1 window 1: \d/8 requests done, [\d.]+ tok/s so far", r.stderr)
     launch = findings(plan, "launch")
     assert float(str(launch["ready_after"])) >= 1.5
     assert launch["served_model"] == "stub" and launch["max_model_len"] == 4096
@@ -221,12 +227,14 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     assert bench["accept_length"] == 2.0 and bench["draft_tokens"] == 3
     assert bench["acceptance"] == pytest.approx(0.3333)
     result = json.loads(Path(str(bench["result"])).read_text())
-    assert result["schema"] == "orch.bench/v1"
+    assert result["schema"] == "orch.bench/v2"
     for level in result["levels"]:
-        assert level["completed"] == 8 and level["output_tokens"] == 8 * 20
-        assert level["input_tokens"] == 8 * 6  # cut to 6 by the server's /tokenize
-        # Warm-up requests moved the server's counters too, but before the first scrape.
-        assert level["spec"]["drafts"] == 8 * 10
+        n = 8 * level["windows"]  # the kept windows' requests, pooled
+        assert level["completed"] == n and level["output_tokens"] == n * 20
+        assert level["input_tokens"] == n * 6  # cut to 6 by the server's /tokenize
+        # Warm-up requests and thrown-away windows moved the server's counters too, but
+        # between the scrapes around each kept window.
+        assert level["spec"]["drafts"] == n * 10
         assert level["tpot"]["mean"] >= 2.0  # the stub sleeps 2 ms per token
         # One token per chunk, all requests of one length: ITL and TPOT are the same gaps.
         assert level["itl"]["mean"] == pytest.approx(level["tpot"]["mean"])
@@ -311,6 +319,76 @@ def test_a_killed_run_leaves_its_server_to_the_next_run_which_ends_it(tmp_path: 
     assert "left running by an earlier run" in r.stderr
     assert not any(pid_alive(pid) for pid in first)
     assert pd.statuses() == {"launch": "completed", "wait": "completed"}
+
+
+def test_a_server_process_that_leaves_its_group_is_ended_too(tmp_path: Path) -> None:
+    """`setsid` takes a process out of the group, not out of the environment marker."""
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    escape = f"setsid sleep 300 & exec {sys.executable} {STUB} {port}"
+    plan = pd.write(stub_plan(port, command=f"[bash, -c, {json.dumps(escape)}]", extra="""
+      - id: stop
+        kind: server.stop
+        needs: [launch]
+        params: {server: launch}
+    """))
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "every process it spawned (2: " in r.stderr  # bash's python, and the sleep
+    assert marked_processes(tmp_path) == []
+
+
+class RecordingSink:
+    """What server.launch tells the engine, and which of its processes existed at each hold."""
+
+    def __init__(self) -> None:
+        self.holds: list[tuple[dict[str, Any], list[int]]] = []
+
+    def hold(self, name: str, data: dict[str, Any]) -> None:
+        self.holds.append((data, marked(("ORCH_SERVER", data["marker"]))))
+
+    def finding(self, finding: object) -> None: ...
+    def process_started(self, pgid: int, started_at: float) -> None: ...
+    def progress(self, message: str) -> None: ...
+    def held(self, name: str) -> dict[str, Any] | None: ...
+    def release(self, name: str) -> None: ...
+
+
+def test_a_server_is_held_before_any_of_its_processes_exists(tmp_path: Path) -> None:
+    """An orch killed at any moment after the start has committed the marker that finds
+    every process of the server (the next run ends them by it)."""
+    port = free_port()
+    params = LaunchParams(flavour="command", command=[sys.executable, STUB, str(port), "--child"],
+                          port=port, ready_timeout=30)
+    sink = RecordingSink()
+    ctx = Context("launch", 1, 1, tmp_path / "launch.log", None, sink)
+    ServerLaunch(params).run(ctx)
+    (first, before), (second, after), *_ = sink.holds
+    try:
+        assert before == [] and first["marker"] and first["pid"] is None
+        assert second["marker"] == first["marker"] and after == [second["pid"]]
+    finally:
+        ServerLaunch.release(sink.holds[-1][0])
+    assert marked(("ORCH_SERVER", first["marker"])) == []
+
+
+def test_an_orch_killed_as_its_server_starts_leaves_it_to_the_next_run(tmp_path: Path) -> None:
+    """An orch SIGKILLed by its server's first act: the next run ends the orphan and
+    relaunches on the port it held."""
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    flag = tmp_path / "killed-once"
+    # The server's first act, once only: SIGKILL the orch that started it.
+    start = f"[ -e {flag} ] || {{ touch {flag}; kill -9 $PPID; }}; exec {sys.executable} {STUB} "
+    plan = pd.write(stub_plan(port, command=f"[bash, -c, {json.dumps(start + str(port))}]"))
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == -9
+    wait_for(lambda: bool(marked_processes(tmp_path)), what="the orphaned server")
+    orphan = marked_processes(tmp_path)
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr  # the port was free again for the relaunch
+    assert "left running by an earlier run" in r.stderr
+    assert not any(pid_alive(pid) for pid in orphan)
 
 
 def test_process_stop_ends_a_hand_started_server_with_its_children(tmp_path: Path) -> None:

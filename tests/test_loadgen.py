@@ -1,0 +1,169 @@
+"""bench.serve's measurement: windows repeated until stable, and artifacts caught before a level
+counts, against the real stub server (tests/openai_stub.py) through `orch run`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tasks.loadgen import BenchParams, Outcome, spread, summarize_level, window_problems
+
+from conftest import PlanDir, free_port, run_orch
+from test_servers import findings, no_server_left, stub_plan
+
+__all__ = ["no_server_left"]  # the autouse fixture: no server process outlives a test
+
+
+def bench_plan(stub_args: str, **bench: Any) -> str:
+    params = {"server": "launch", "concurrency": [1, 4], "requests": 8, "warmup": 1,
+              "output_tokens": 12, "input_words": 6, **bench}
+    return stub_plan(free_port(), stub_args=stub_args, extra=f"""
+      - id: bench
+        kind: bench.serve
+        needs: [launch]
+        params: {json.dumps(params)}
+    """)
+
+
+def result_of(plan: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(Path(str(findings(plan, "bench")["result"])).read_text())
+    return data
+
+
+def test_levels_are_repeated_until_the_last_windows_agree(pdir: PlanDir) -> None:
+    plan = pdir.write(bench_plan("--child", stability=0.5, min_windows=3, max_windows=6))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    assert "c=1 window 3: " in r.stderr and "agree within" in r.stderr  # progress per window
+    result = result_of(plan)
+    assert result["schema"] == "orch.bench/v2"
+    assert result["source"]["task"] == "bench" and result["source"]["run"] == 1
+    assert result["benchmark"]["min_windows"] == 3 and result["benchmark"]["stability"] == 0.5
+    for level in result["levels"]:
+        assert level["stable"] is True and level["windows"] == 3 == len(level["per_window"])
+        values = [w["output_tok_s"] for w in level["per_window"]]
+        lo, hi = level["interval"]["output_tok_s"]
+        assert (lo, hi) == (min(values), max(values))
+        assert level["output_tok_s"] == sorted(values)[1]  # the median of three
+        assert level["completed"] == 3 * 8 and level["output_tokens"] == 3 * 8 * 12
+        assert level["spread"] <= 0.5 and level["rejected"] == []
+    note = next(f["note"] for f in _rows(plan) if f["key"] == "c4.output_tok_s")
+    assert note.startswith("median of 3 windows, ")
+
+
+def test_a_level_that_never_settles_is_kept_and_marked_unstable(pdir: PlanDir) -> None:
+    # Every request slower than the last: consecutive windows never agree within 1%.
+    plan = pdir.write(bench_plan("--drift", concurrency=[2], requests=4, stability=0.01,
+                                 min_windows=2, max_windows=4))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    (level,) = result_of(plan)["levels"]
+    assert level["stable"] is False and level["windows"] == 4  # every clean window kept
+    assert level["spread"] > 0.01
+    falling = [w["output_tok_s"] for w in level["per_window"]]
+    assert falling == sorted(falling, reverse=True)
+    note = next(f["note"] for f in _rows(plan) if f["key"] == "c2.output_tok_s")
+    assert note.startswith("UNSTABLE, windows differ by up to ")
+
+
+def test_a_window_with_errors_is_thrown_away_and_measured_again(pdir: PlanDir) -> None:
+    plan = pdir.write(bench_plan("--fail-streams 2", concurrency=[1], requests=4, warmup=0,
+                                 stability=0.9, min_windows=3, max_windows=5))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    (level,) = result_of(plan)["levels"]
+    assert level["rejected"] == [
+        "window 1: 1 of 4 requests failed (HTTP 500: {\"error\": \"injected failure\"})"]
+    assert level["windows"] == 3 and level["errors"] == 0  # the kept windows are clean
+    got = findings(plan, "bench")
+    assert got["c1.rejected_windows"] == 1
+
+
+def test_too_few_clean_windows_fail_the_level_with_the_reasons(pdir: PlanDir) -> None:
+    plan = pdir.write(bench_plan('--fail-streams "1,5,9"', concurrency=[1], requests=4,
+                                 warmup=0, min_windows=2, max_windows=3))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 1
+    error = pdir.todo("bench")["last_error"]
+    assert error.startswith("c=1: only 0 clean window(s) of 3, 2 needed: window 1: 1 of 4 "
+                            "requests failed"), error
+
+
+def test_tokens_all_sent_at_once_withhold_latency_instead_of_a_tpot_of_zero(
+        pdir: PlanDir) -> None:
+    plan = pdir.write(bench_plan("--burst", min_windows=1))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    got = findings(plan, "bench")
+    assert "c1.tpot_ms" not in got and "c4.tpot_ms" not in got  # never a TPOT of 0
+    assert got["c1.latency"] == "withheld"
+    note = next(f["note"] for f in _rows(plan) if f["key"] == "c1.latency")
+    assert note.startswith("8 of 8 answers arrived with every token in one read (TTFT = "
+                           "end-to-end)")
+    for level in result_of(plan)["levels"]:
+        assert level["tpot_ms"] is None and level["ttft_ms"] is None and level["tpot"] == {}
+        assert level["unobserved"] == 8 and level["output_tok_s"] > 0  # throughput stands
+    assert "TTFT/TPOT withheld" in r.stderr
+
+
+def test_answers_shorter_than_asked_fail_the_level_naming_the_numbers(pdir: PlanDir) -> None:
+    plan = pdir.write(bench_plan("--short 5"))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 1
+    error = pdir.todo("bench")["last_error"]
+    assert error.startswith("c=1: 8 of 8 answers were shorter than asked (median 5 of 12 "
+                            "tokens) although ignore_eos is set"), error
+
+
+# --- the checks on constructed windows -----------------------------------------------------------
+
+def outcome(ttft: float, latency: float, tokens: int = 4, asked: int = 4) -> Outcome:
+    itl = [] if latency <= ttft else [(latency - ttft) / (tokens - 1)] * (tokens - 1)
+    return Outcome(ok=True, ttft=ttft, latency=latency, itl=itl, output_tokens=tokens,
+                   asked=asked)
+
+
+def test_one_unobserved_answer_in_ten_is_left_out_of_the_latency_figures() -> None:
+    window = [outcome(0.1, 0.4) for _ in range(9)] + [outcome(0.3, 0.3)]
+    level = summarize_level(1, window, 4.0)
+    assert level["unobserved"] == 1 and "latency_withheld" not in level
+    assert level["tpot_ms"] == pytest.approx(100.0)  # (0.4 - 0.1) / 3, the burst left out
+    assert level["ttft_ms"] == pytest.approx(100.0)
+    assert level["e2e"]["p99"] > 0 and level["output_tokens"] == 40  # throughput counts it
+    two = summarize_level(1, window[:8] + [outcome(0.3, 0.3)] * 2, 4.0)
+    assert two["tpot_ms"] is None and "2 of 10 answers" in two["latency_withheld"]
+
+
+def test_window_problems_retry_transient_and_fail_systematic_faults() -> None:
+    p = BenchParams(url="http://x", requests=8)
+    failed = Outcome(ok=False, error="HTTP 503: busy")
+    good = [outcome(0.1, 0.4) for _ in range(7)]
+    problems, fatal = window_problems(summarize_level(4, [*good, failed], 0.5), [*good, failed],
+                                      4, p)
+    assert fatal is None and problems == ["1 of 8 requests failed (HTTP 503: busy)"]
+    # Requests one after another although 4 were asked: achieved 0.4 of 4.
+    slow = [outcome(0.1, 0.4) for _ in range(8)]
+    problems, fatal = window_problems(summarize_level(4, slow, 8.0), slow, 4, p)
+    assert problems == ["0.40 requests in flight on average, 4 asked: the load was not applied"]
+    _, fatal = window_problems(summarize_level(4, [failed], 1.0), [failed], 4, p)
+    assert fatal == "every request failed: HTTP 503: busy"
+    short = [outcome(0.1, 0.4, tokens=4, asked=8) for _ in range(8)]
+    _, fatal = window_problems(summarize_level(4, short, 0.8), short, 4, p)
+    assert fatal is not None and fatal.startswith("8 of 8 answers were shorter than asked")
+    loose = BenchParams(url="http://x", requests=8, ignore_eos=False)  # stopping early is fine
+    assert window_problems(summarize_level(4, short, 0.8), short, 4, loose) == ([], None)
+
+
+def test_spread_is_the_largest_deviation_from_the_mean() -> None:
+    assert spread([100.0, 100.0, 100.0]) == 0.0
+    assert spread([90.0, 100.0, 110.0]) == pytest.approx(0.1)
+    assert spread([100.0, 100.0, 130.0]) == pytest.approx(20 / 110)  # mean 110
+
+
+def _rows(plan: Path) -> list[dict[str, Any]]:
+    doc = json.loads(run_orch("status", plan, "--json").stdout)
+    (row,) = [t for t in doc["tasks"] if t["id"] == "bench"]
+    return list(row["findings"])
