@@ -19,8 +19,7 @@ def dry_run(
     selection = Selection.of(plan, rerun, from_task, only)
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
-    selection, revived = selection.reviving(plan, store.released_by_engine() if store else {},
-                                            statuses)
+    selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
     steps = []
     for task in plan.tasks:
         d = decide(task, rows.get(task.id), selection, statuses)

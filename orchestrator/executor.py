@@ -114,8 +114,8 @@ class Runner:
         self.selection, self.options, self.log = selection, options, log
         self.rows = {r["id"]: r for r in store.todos()}
         self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
-        self.selection, revived = selection.reviving(plan, store.released_by_engine(),
-                                                     self.statuses)
+        # Resolved again knowing who held what: the rerun's cut, revived holders, their releasers.
+        self.selection, revived = selection.reviving(plan, store.resources(), self.statuses)
         for task_id, why in revived.items():
             log.info("task.revived", task=task_id, why=why)
         self.stopped_by: str | None = None  # the failure after which nothing new starts
@@ -123,7 +123,9 @@ class Runner:
         self.started = 0  # tasks this run started (0: nothing to do, all was done)
 
     def run(self) -> RunResult:
-        sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in self.plan.tasks})
+        after = self.selection.after  # a revived holder's releasers come after its users
+        sorter = graphlib.TopologicalSorter(
+            {t.id: [*t.spec.needs, *after.get(t.id, ())] for t in self.plan.tasks})
         sorter.prepare()
         ready: list[tuple[int, str]] = []  # among ready tasks, the plan's order decides
 

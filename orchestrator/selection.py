@@ -1,11 +1,33 @@
-"""Which tasks a run considers, and what it would do with each: shared by `run` and `plan`."""
+"""Which tasks a run considers, and what it would do with each: shared by `run` and `plan`.
+
+Decisions (the same for `orch run` and `orch plan`, which both go through `Selection`):
+
+- `--rerun X` runs X again and everything downstream of it, except past a *releaser*: a task
+  whose kind lets go of a resource another task holds (`Task.releases`, e.g. `server.stop`).
+  When X is that holder or lies between the holder and its releaser (it needs the holder,
+  directly or not), the releaser is run again but its dependents are not forced: they need
+  it only for ordering ("the server is stopped, the port is free"), and re-running the
+  holder-to-releaser stretch leaves the host as it was. When X is upstream of the holder (a
+  reinstall before the launch), everything downstream is forced, through the releaser too.
+  Which task holds a resource is what the store says (`resources`); where it cannot say (no
+  run has held it yet), the rerun goes on downstream.
+- Revival: a completed task that held a resource which is not held now (the engine ended it at
+  the end of a run or after a crash, or a releaser let it go) runs again when a task that
+  needs it, in scope, has to run (forced, or not done). Its releasers that the plan names
+  literally (`${...}` cannot be known before the run) run again too, after those users, so the
+  host ends as it was; a releaser that a user itself needs is left alone (the end of the run
+  ends the resource anyway). Revival repeats until nothing changes: a revived holder that needs
+  another holder revives that one too. A finished plan run again revives nothing.
+
+The engine knows holders, resources and releasers only, nothing of what a resource is.
+"""
 
 from __future__ import annotations
 
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .errors import UsageError
@@ -15,21 +37,31 @@ from .status import Status
 
 @dataclass(frozen=True)
 class Selection:
-    """`--rerun`, `--from` and `--only`, resolved against the plan."""
+    """`--rerun`, `--from` and `--only`, resolved against the plan (and, once the store is
+    known, against who held what: see `reviving`)."""
 
     forced: frozenset[str]  # run even if completed
     scope: frozenset[str]  # the only tasks this run may touch
+    rerun: tuple[str, ...] = ()  # what was asked: kept to resolve again knowing the store
+    from_task: str | None = None
+    only: tuple[str, ...] = ()
+    # task -> tasks it runs after without needing them: a revived holder's releaser after the
+    # holder's users (ordering for the run loop only; `decide` does not wait on them)
+    after: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     @classmethod
     def of(
         cls, plan: Plan, rerun: Sequence[str] = (), from_task: str | None = None,
-        only: Sequence[str] = (),
+        only: Sequence[str] = (), resources: Sequence[sqlite3.Row] = (),
     ) -> Selection:
+        """`resources`: the store's rows (store.resources()); without them a rerun is not cut
+        at releasers (nothing says who holds what)."""
         for task_id in [*rerun, *only, *([from_task] if from_task else [])]:
             if task_id not in plan.by_id:
                 raise UsageError(f"no task {task_id!r} in {plan.file} "
                                  f"(tasks: {', '.join(plan.by_id)})")
-        forced = {d for r in rerun for d in plan.downstream(r)}
+        holders = {r["name"]: r["task_id"] for r in resources}
+        forced = {d for r in rerun for d in _rerun_downstream(plan, r, holders)}
         if from_task:
             start = plan.by_id[from_task].position
             forced |= {t.id for t in plan.tasks if t.position >= start}
@@ -37,22 +69,101 @@ class Selection:
         scope = set(only) if only else {t.id for t in plan.tasks}
         if from_task:
             scope &= forced
-        return cls(frozenset(forced), frozenset(scope))
+        return cls(frozenset(forced), frozenset(scope), tuple(rerun), from_task, tuple(only))
 
     def reviving(
-        self, plan: Plan, ended: Mapping[str, str], statuses: Mapping[str, Status],
+        self, plan: Plan, resources: Sequence[sqlite3.Row], statuses: Mapping[str, Status],
     ) -> tuple[Selection, dict[str, str]]:
-        """Also run again each completed task whose resource the engine ended (`ended`: task ->
-        how) while a task that needs it, in scope, has still to run (resources.py)."""
-        revived = {
-            task_id: f"what it held was ended ({how}); {', '.join(waiting)} still "
-                     f"need{'s' if len(waiting) == 1 else ''} it"
-            for task_id, how in ended.items()
-            if task_id in plan.by_id and statuses.get(task_id) is Status.COMPLETED
-            and (waiting := [d for d in plan.dependents[task_id] if d in self.scope
-                             and (d in self.forced or not statuses.get(d, Status.PENDING).done)])
-        }
-        return Selection(self.forced | revived.keys(), self.scope | revived.keys()), revived
+        """This selection knowing the store's `resources` (store.resources()): the rerun cut at
+        releasers, each completed holder whose resource is not held now run again while a task
+        that needs it, in scope, has still to run, and that resource's releasers run again after
+        those users (module docstring). Returns it, and why each added task runs."""
+        base = Selection.of(plan, self.rerun, self.from_task, self.only, resources)
+        forced, scope = set(base.forced), set(base.scope)
+        after: dict[str, set[str]] = {}
+        why: dict[str, list[str]] = {}
+        releasers = _releasers(plan)
+        let_go: dict[str, list[sqlite3.Row]] = {}  # holder -> its resources not held now
+        for row in resources:
+            if row["released_at"] is not None and row["task_id"] in plan.by_id:
+                let_go.setdefault(row["task_id"], []).append(row)
+        changed = True
+        while changed:
+            changed = False
+            for holder, rows in let_go.items():
+                if holder in forced or statuses.get(holder) is not Status.COMPLETED:
+                    continue
+                stoppers = {s for r in rows for s in releasers.get(r["name"], ())}
+                users = [d for d in plan.dependents[holder] if d not in stoppers and d in scope
+                         and (d in forced or not statuses.get(d, Status.PENDING).done)]
+                if not users:
+                    continue
+                changed = True
+                forced.add(holder)
+                scope.add(holder)
+                need = f"{', '.join(users)} still need{'s' if len(users) == 1 else ''} it"
+                how = "; ".join(f"stopped by {r['released_by']}" if r["released_by"]
+                                else f"ended ({r['how']})" for r in rows)
+                why.setdefault(holder, []).append(f"what it held was {how}; {need}")
+                for row in rows:
+                    for stopper in releasers.get(row["name"], ()):
+                        downstream = set(plan.downstream(stopper))
+                        if any(u in downstream for u in users):
+                            continue  # a user needs it done first: it cannot come after them
+                        forced.add(stopper)
+                        scope.add(stopper)
+                        for user in users:  # unless already ordered (or it would loop)
+                            if not (_depends(plan, after, stopper, user)
+                                    or _depends(plan, after, user, stopper)):
+                                after.setdefault(stopper, set()).add(user)
+                        why.setdefault(stopper, []).append(
+                            f"stops {row['name']} again after {', '.join(users)}")
+        selection = Selection(frozenset(forced), frozenset(scope), self.rerun, self.from_task,
+                              self.only, {k: frozenset(v) for k, v in after.items()})
+        return selection, {task_id: "; ".join(whys) for task_id, whys in why.items()}
+
+
+def _releasers(plan: Plan) -> dict[str, list[str]]:
+    """Resource name -> the planned tasks that let it go: their kind's `releases` param, where
+    the plan gives it literally (a `${...}` is known only when the task starts)."""
+    out: dict[str, list[str]] = {}
+    for task in plan.tasks:
+        param = getattr(task.cls, "releases", None)
+        value = task.spec.params.get(param) if param else None
+        if isinstance(value, str) and "${" not in value:
+            out.setdefault(value, []).append(task.id)
+    return out
+
+
+def _rerun_downstream(plan: Plan, root: str, holders: Mapping[str, str]) -> set[str]:
+    """What `--rerun root` forces: root and its downstream, not past a releaser of a resource
+    whose holder is root or upstream of root (module docstring)."""
+    released = {t: name for name, ts in _releasers(plan).items() for t in ts}
+    seen, stack = {root}, [root]
+    while stack:
+        task_id = stack.pop()
+        holder = holders.get(released.get(task_id, ""))
+        if holder in plan.by_id and root in plan.downstream(holder):
+            continue  # the pair is re-run whole; what follows needs the releaser for order only
+        for dep in plan.dependents[task_id]:
+            if dep not in seen:
+                seen.add(dep)
+                stack.append(dep)
+    return seen
+
+
+def _depends(plan: Plan, after: Mapping[str, set[str]], task_id: str, on: str) -> bool:
+    """Whether `task_id` comes after `on`, through needs and `after` edges."""
+    seen, stack = {task_id}, [task_id]
+    while stack:
+        current = stack.pop()
+        if current == on:
+            return True
+        for up in [*plan.by_id[current].spec.needs, *after.get(current, ())]:
+            if up not in seen:
+                seen.add(up)
+                stack.append(up)
+    return False
 
 
 class Action(StrEnum):

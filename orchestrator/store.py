@@ -361,11 +361,13 @@ class Store:
             c.execute("UPDATE resources SET released_at=?, released_by=?, how=? WHERE name=?",
                       (time.time(), by_task, how, name))
 
-    def released_by_engine(self) -> dict[str, str]:
-        """Holding task -> how the engine ended what it held (no task asked for that)."""
-        return {r[0]: r[1] for r in self.conn.execute(
-            "SELECT task_id, how FROM resources WHERE released_at IS NOT NULL"
-            " AND released_by IS NULL")}
+    def resources(self) -> list[sqlite3.Row]:
+        """Every resource, held or let go (one row per name: its latest holder): `name`,
+        `task_id` (the holder), `released_at` (None while held), `released_by` (the releasing
+        task, None where the engine ended it) and `how`."""
+        return self.conn.execute(
+            "SELECT name, task_id, kind, run_id, held_at, released_at, released_by, how"
+            " FROM resources ORDER BY held_at").fetchall()
 
     # --- reads ---------------------------------------------------------------------------------
 

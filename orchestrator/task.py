@@ -149,6 +149,9 @@ class Task(Generic[P]):
     Params: ClassVar[type[BaseModel]] = NoParams
     # Params spliced into a shell command: their ${...} values are shell-quoted.
     shell_params: ClassVar[frozenset[str]] = frozenset()
+    # The param naming a resource this kind lets go (ctx.release), e.g. "server" for
+    # server.stop: a revived holder's releasers run again after its users (selection.py).
+    releases: ClassVar[str | None] = None
 
     def __init__(self, params: P) -> None:
         self.params = params
