@@ -1,25 +1,40 @@
 """`analyze.compare`: does speculative decoding pay? Candidate runs against a baseline run.
 
-Each run is a benchmark result of one server configuration on the same benchmark: output
-throughput per concurrency level, what the server resolved (its `max_running_requests`), and for
-speculative runs the acceptance figures. A result is given inline in the plan or as the path of
-a JSON file (relative to orch's working directory; a `${tasks.ID.findings.KEY}` works too), the
-file `bench.serve` writes. Its schema, `orch.bench/v1` (inline results take the same keys, less
-`schema`):
+Each run is a benchmark result of one server configuration: output throughput per concurrency
+level, what the server resolved, and for speculative runs the acceptance figures. A result is
+given inline in the plan or as the path of a JSON file (relative to orch's working directory; a
+`${tasks.ID.findings.KEY}` works too), the file `bench.serve` writes. Its schema,
+`orch.bench/v2` (`orch.bench/v1` files still read: a v1 level is a point measured once; inline
+results take the same keys, less `schema`):
 
     {
-      "schema": "orch.bench/v1",             # optional; another value is refused
+      "schema": "orch.bench/v2",             # optional; v1 or v2, another value is refused
       "label": "SGLang base, Kimi-K2.5 TP8", # optional, for the report
+      "source": {"run": 5, "task": "bench_base",          # optional: where it was measured
+                 "at": "2026-11-30T18:32:00+00:00"},
       "levels": [                            # one per requested concurrency (may be [] for a
-        {"concurrency": 1,                   #   candidate known only by its acceptance)
-         "achieved_concurrency": 1.0,        # optional: mean requests in flight, measured
-         "output_tok_s": 63.6,               # output tokens per second, all requests
-         "tpot_ms": 15.7, "ttft_ms": 210.0}, # optional
+        {"concurrency": 8,                   #   candidate known only by its acceptance)
+         "achieved_concurrency": 7.9,        # optional: requests in flight, measured
+         "output_tok_s": 410.0,              # output tokens per second, all requests
+         "tpot_ms": 19.1, "ttft_ms": 210.0,  # optional
+         "windows": 5,                       # optional (v2): measurement windows kept; the
+                                             #   figures above are their MEDIANS
+         "stable": true,                     # the last windows agreed within the threshold
+         "spread": 0.021,                    # max relative deviation of the windows' tok/s
+         "interval": {"output_tok_s": [401.0, 417.0], "tpot_ms": [18.8, 19.5],
+                      "ttft_ms": [190.0, 240.0], "achieved_concurrency": [7.8, 8.0]},
+                                             # [min, max] over the kept windows: covers the
+                                             #   median with probability 1 - 2^(1-n)
+         "per_window": [{"output_tok_s": 410.0, "tpot_ms": 19.1, "ttft_ms": 205.0,
+                         "achieved_concurrency": 7.9, "duration_s": 12.0}],
+         "rejected": ["window 1: warm-up transient, 31% below the rest"]},
         {"concurrency": 128, "achieved_concurrency": 48.0, "output_tok_s": 849.0}
       ],
       "server": {"engine": "sglang",         # optional: sglang | vllm
                  "version": "0.5.23",        # optional
-                 "max_running_requests": 48},# optional: what the server resolved at startup
+                 "max_running_requests": 48, # optional: what the server resolved at startup
+                 "settings": {"max_model_len": 512, "speculative_num_steps": 3}},
+                                             # optional, free-form: what else it resolved
       "spec": {                              # optional: only for speculative runs
         "algorithm": "EAGLE3", "drafter": "AQ-MedAI/Kimi-K25-eagle3",   # optional labels
         "draft_tokens": 3,                   # k: drafts proposed per verify step
@@ -28,12 +43,21 @@ file `bench.serve` writes. Its schema, `orch.bench/v1` (inline results take the 
         "acceptance": 0.42,                  # or "42%": the engine's own figure ...
         "acceptance_definition": "sglang_legacy"   # ... and its definition (see below)
       },
-      "benchmark": {"tool": "sglang.bench_serving", "dataset": "sharegpt",
-                    "temperature": 0.0}      # optional, free-form; compared key by key
+      "benchmark": {"tool": "orch bench.serve", "dataset": "sharegpt", "output_tokens": 256,
+                    "temperature": 0.0}      # optional, flat scalars; compared key by key
     }
 
-Unknown keys inside `levels`, `server`, `spec` are an error (a typo must not vanish); unknown
-top-level keys of a file (the tool's raw output, say) are ignored.
+Unknown keys inside `levels`, `server`, `spec`, `source` are an error (a typo must not vanish);
+unknown top-level keys of a file (the tool's raw output, say) are ignored.
+
+Refused or flagged. A result that cannot be read one way only is refused with the key named: an
+acceptance figure without k, an SGLang figure without its definition, num_draft_tokens other than
+k+1 (tree drafting, which section 4 does not model), an interval with its low end above its high
+end. A well-formed figure that physics or its definition forbids is a measurement, so it is
+kept and the verdict starts with `MEASUREMENT PROBLEM:`: tau outside [1, k+1], an acceptance
+outside its definition's range (bench.serve writes what the engine's counters say), a speed-up
+above tau (a speculative step cheaper than one decode step), a speculative step costing more
+than k+1 decode steps, a median outside its own interval.
 
 Acceptance definitions (serving-reference.md section 0.1): `strict` is accepted drafts /
 proposed drafts (vLLM; SGLang since PR #23530), = (tau - 1) / k; `sglang_legacy` is SGLang's
@@ -41,25 +65,34 @@ log line and gauge before PR #23530, accept length / num_draft_tokens, = tau / (
 figures default to `strict`; an SGLang figure must say which, since the same log line changed
 meaning. Every figure is put on the strict definition and on the per-token alpha of section 4.
 
-Findings, per candidate NAME: NAME.verdict, NAME.pays, NAME.speedup_c1, NAME.speedup_peak,
-NAME.loses_above, NAME.capped, NAME.accept_length, NAME.draft_tokens, NAME.acceptance,
-NAME.alpha, NAME.acceptance_reported, NAME.break_even_step_ms, NAME.speedup_ceiling (each only
-where the data allows); then `report`: the Markdown report, `<task id>.md` in the run's folder.
+Names: "concurrency N" is the requested concurrency (the client's limit); "N in flight" the
+achieved one (measured mean requests in flight); the draft model's cost per step relative to a
+target step is the "draft/target cost ratio".
+
+Findings, per candidate NAME: NAME.verdict, NAME.pays, NAME.wins_at, NAME.even_at,
+NAME.loses_at, NAME.speedup_cN (one per compared level, N its requested concurrency),
+NAME.speedup_peak (at the baseline's peak, when compared there), NAME.capped,
+NAME.accept_length, NAME.draft_tokens, NAME.acceptance, NAME.alpha, NAME.acceptance_reported,
+NAME.break_even_step_ms, NAME.speedup_ceiling (each only where the data allows); then `report`:
+the Markdown report, `<task id>.md` in the run's folder.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
     PlainValidator,
+    PrivateAttr,
     StringConstraints,
     ValidationError,
     model_validator,
@@ -67,13 +100,21 @@ from pydantic import (
 
 from orchestrator import Context, Task, TaskError
 
-SCHEMA = "orch.bench/v1"
+SCHEMA = "orch.bench/v2"  # what bench.serve writes
+SCHEMAS = ("orch.bench/v1", SCHEMA)  # what this module reads
 Definition = Literal["strict", "sglang_legacy"]
 DEFINITIONS: dict[str, str] = {
     "strict": "accepted / proposed drafts = (tau-1)/k",
     "sglang_legacy": "accept length / num_draft_tokens = tau/(k+1), SGLang before PR #23530",
 }
-DRAFT_COSTS = (0.05, 0.1, 0.2)  # draft/target step cost ratios section 4 tabulates
+DRAFT_COSTS = (0.05, 0.1, 0.2)  # the draft/target cost ratios section 4 tabulates
+PROBLEM = "MEASUREMENT PROBLEM"
+# Benchmark keys that name things rather than set the workload, and keys that set how long or
+# how often it is measured but not what is measured. Any other key (dataset, output_tokens,
+# input_*, temperature, ignore_eos, api, seed, ...) shapes the workload: if it differs, the
+# two results measure different work and no speed-up is computed.
+NAMING_KEYS = frozenset({"tool", "label"})
+MEASURING_KEYS = frozenset({"requests", "warmup", "stability", "min_windows", "max_windows"})
 
 
 # --- the math (serving-reference.md section 4 unless said otherwise) ---------------------------
@@ -100,13 +141,20 @@ def strict_rate(tau: float, k: int) -> float:
     return (tau - 1.0) / k
 
 
-def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
-    """tau from an engine's acceptance figure (section 0.1).
+def rate_floor(k: int, definition: Definition) -> float:
+    """The figure a definition gives when no draft is accepted: 0 strict, 1/(k+1) legacy."""
+    return 0.0 if definition == "strict" else 1.0 / (k + 1)
 
-    strict: rate = (tau-1)/k. sglang_legacy: rate = (accepted + bs) / (bs * num_draft_tokens)
-    = tau / num_draft_tokens, with num_draft_tokens = k+1 in chain drafting (topk 1).
-    """
-    tau = 1.0 + rate * k if definition == "strict" else rate * (k + 1)
+
+def _tau_of_rate(rate: float, k: int, definition: Definition) -> float:
+    """strict: rate = (tau-1)/k. sglang_legacy: rate = (accepted + bs) / (bs * num_draft_tokens)
+    = tau / num_draft_tokens, with num_draft_tokens = k+1 in chain drafting (topk 1)."""
+    return 1.0 + rate * k if definition == "strict" else rate * (k + 1)
+
+
+def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
+    """tau from an engine's acceptance figure (section 0.1); below the floor is an error."""
+    tau = _tau_of_rate(rate, k, definition)
     if tau < 1.0 - 1e-9:  # legacy figures start at 1/(k+1): zero drafts accepted
         raise ValueError(f"{rate:g} is below the floor of {definition} for k={k}, "
                          f"1/(k+1) = {1 / (k + 1):.3g}: check k and the definition")
@@ -114,26 +162,71 @@ def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
 
 
 def modelled_speedup(tau: float, k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
-    """S = tau / (k*c + v), Leviathan Thm 3.8 with v = T_verify/T_dec (section 4)."""
+    """S = tau / (k*r + v), Leviathan Thm 3.8, r the draft/target cost ratio and
+    v = T_verify/T_dec (section 4)."""
     return tau / (k * draft_cost + verify_cost)
 
 
 # --- params --------------------------------------------------------------------------------------
+
+def _ordered(pair: tuple[float, float]) -> tuple[float, float]:
+    if pair[0] > pair[1]:
+        raise ValueError(f"[{pair[0]:g}, {pair[1]:g}]: the low end is above the high end")
+    return pair
+
+
+NonNegative = Annotated[float, Field(ge=0)]
+Bounds = Annotated[tuple[NonNegative, NonNegative], AfterValidator(_ordered)]
+
+
+class Interval(BaseModel):
+    """[min, max] over a level's kept measurement windows."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_tok_s: Bounds | None = None
+    tpot_ms: Bounds | None = None
+    ttft_ms: Bounds | None = None
+    achieved_concurrency: Bounds | None = None
+
+
+class Window(BaseModel):
+    """One measurement window of a level, as bench.serve kept it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    output_tok_s: float | None = None
+    tpot_ms: float | None = None
+    ttft_ms: float | None = None
+    achieved_concurrency: float | None = None
+    duration_s: float | None = None
+
 
 class Level(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     concurrency: int = Field(ge=1, description="requested: the client's max concurrency")
     achieved_concurrency: float | None = Field(
-        None, gt=0, description="measured mean requests in flight")
-    output_tok_s: float = Field(gt=0, description="output tokens per second, all requests")
+        None, gt=0, description="measured requests in flight (v2: median over the windows)")
+    output_tok_s: float = Field(gt=0, description="output tokens per second, all requests "
+                                                  "(v2: median over the windows)")
     tpot_ms: float | None = Field(None, gt=0)
     ttft_ms: float | None = Field(None, gt=0)
+    # v2: the measurement windows behind the medians.
+    windows: int | None = Field(None, ge=1, description="measurement windows kept")
+    stable: bool | None = Field(None, description="the last windows agreed within the threshold")
+    spread: float | None = Field(
+        None, ge=0, description="max relative deviation of the kept windows' output_tok_s")
+    interval: Interval | None = None
+    per_window: list[Window] | None = None
+    rejected: list[str] | None = Field(None, description="windows thrown away, with the reason")
     # What bench.serve measures besides (not used by the comparison, kept with the result).
     request_s: float | None = None
     completed: int | None = None
     errors: int | None = None
     first_error: str | None = None
+    unobserved: int | None = Field(None, description="answers whose tokens came in one read")
+    latency_withheld: str | None = Field(None, description="why TTFT/TPOT/ITL are not given")
     duration_s: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
@@ -151,16 +244,31 @@ class Server(BaseModel):
     version: str | None = None
     max_running_requests: int | None = Field(
         None, ge=1, description="as the server resolved it (SGLang: /server_info, startup log)")
+    settings: dict[str, Any] = Field(
+        default_factory=dict, description="free-form: what else the server resolved")
+
+
+class Provenance(BaseModel):
+    """Where a result was measured: orch's run and task, and when."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    run: int | None = None
+    task: str | None = None
+    at: str | None = Field(None, description="ISO-8601")
 
 
 def _fraction(value: object) -> object:
-    """'42%' -> 0.42; a bare 42 is refused below (le=1), not guessed at."""
+    """'42%' -> 0.42. A bare 42 is kept: out of range, it is flagged, not guessed at."""
     if isinstance(value, str) and value.strip().endswith("%"):
         return float(value.strip()[:-1]) / 100
     return value
 
 
 class Spec(BaseModel):
+    """Speculative decoding settings and acceptance. Only what makes the figures unreadable is
+    refused here; figures out of their range are measurements, flagged by `acceptance`."""
+
     model_config = ConfigDict(extra="forbid")
 
     algorithm: str | None = None
@@ -171,9 +279,9 @@ class Spec(BaseModel):
     num_draft_tokens: int | None = Field(
         None, ge=2, description="SGLang --speculative-num-draft-tokens (chain drafting: k + 1)")
     accept_length: float | None = Field(
-        None, ge=1, description="tau: tokens per verify step, bonus token included")
+        None, description="tau: tokens per verify step, bonus token included")
     acceptance: Annotated[float | None, BeforeValidator(_fraction)] = Field(
-        None, ge=0, le=1, description="the engine's own acceptance figure: 0.42 or '42%'")
+        None, description="the engine's own acceptance figure: 0.42 or '42%'")
     acceptance_definition: Definition | None = None
     # The counts bench.serve derived them from (vLLM /metrics deltas, SGLang meta_info).
     alpha: float | None = None
@@ -192,10 +300,6 @@ class Spec(BaseModel):
         if (self.accept_length is not None or self.acceptance is not None) and self.k is None:
             raise ValueError("an acceptance figure needs draft_tokens (k) or num_draft_tokens: "
                              "tau and rates mean nothing without k")
-        if self.k is not None and self.accept_length is not None \
-                and self.accept_length > self.k + 1:
-            raise ValueError(f"accept_length {self.accept_length:g} exceeds k+1 = {self.k + 1}: "
-                             "is k the number of drafts per step (num_draft_tokens - 1)?")
         return self
 
     @property
@@ -206,15 +310,17 @@ class Spec(BaseModel):
 
 
 class Result(BaseModel):
-    """One benchmark result: the `orch.bench/v1` document without `schema`."""
+    """One benchmark result: the `orch.bench/v2` document without `schema`."""
 
     model_config = ConfigDict(extra="forbid")
 
     label: str | None = None
+    source: Provenance = Provenance()
     levels: list[Level] = []
     server: Server = Server()
     spec: Spec | None = None
     benchmark: dict[str, str | int | float | bool] = {}
+    _origin: str = PrivateAttr("inline in the plan")  # or the file it was read from
 
     @model_validator(mode="after")
     def _check(self) -> Result:
@@ -222,20 +328,22 @@ class Result(BaseModel):
         if len(seen) != len(set(seen)):
             raise ValueError(f"two levels with the same concurrency: {seen}")
         spec = self.spec
-        if spec is not None and spec.acceptance is not None:
-            if spec.acceptance_definition is None:
-                if self.server.engine != "vllm":  # SGLang's figure changed meaning (PR #23530)
-                    raise ValueError(
-                        "spec.acceptance_definition is needed for this figure: 'strict' "
-                        f"({DEFINITIONS['strict']}; vLLM, SGLang since PR #23530) or "
-                        f"'sglang_legacy' ({DEFINITIONS['sglang_legacy']})")
-                spec.acceptance_definition = "strict"
-            assert spec.k is not None  # Spec checked it
-            tau_from_rate(spec.acceptance, spec.k, spec.acceptance_definition)  # below floor?
+        if spec is not None and spec.acceptance is not None \
+                and spec.acceptance_definition is None:
+            if self.server.engine != "vllm":  # SGLang's figure changed meaning (PR #23530)
+                raise ValueError(
+                    "spec.acceptance_definition is needed for this figure: 'strict' "
+                    f"({DEFINITIONS['strict']}; vLLM, SGLang since PR #23530) or "
+                    f"'sglang_legacy' ({DEFINITIONS['sglang_legacy']})")
+            spec.acceptance_definition = "strict"
         return self
 
+    @property
+    def origin(self) -> str:
+        return self._origin
 
-def _source(value: Any) -> Any:
+
+def _result_or_path(value: Any) -> Any:
     """A result inline, or the path of its JSON file (read when the task runs)."""
     if isinstance(value, str | Result):
         return value
@@ -245,22 +353,31 @@ def _source(value: Any) -> Any:
     return Result.model_validate(value)
 
 
-Source = Annotated[Result | str, PlainValidator(_source)]
+ResultRef = Annotated[Result | str, PlainValidator(_result_or_path)]
 Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]+$")]
 
 
 class CompareParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    baseline: Source
-    candidates: dict[Name, Source] = Field(min_length=1)
-    noise: float = Field(0.03, ge=0, lt=1, description="speed-ups within 1 +- noise are 'even'")
+    baseline: ResultRef
+    candidates: dict[Name, ResultRef] = Field(min_length=1)
+    noise: float = Field(
+        0.03, ge=0, lt=1,
+        description="margin beyond the measured intervals: a level is a win only when the "
+                    "speed-up's interval lies above 1 + noise, a loss only below 1 - noise; "
+                    "for results measured once it is the only guard against run-to-run noise")
     match_tolerance: float = Field(
         0.1, ge=0, lt=1, description="levels match when achieved concurrencies differ less")
+    max_draft_cost: float = Field(
+        0.0, ge=0, description="the draft/target cost ratio a draft step may have: a "
+                               "speculative step costing more than k+1 + k * this many decode "
+                               "steps is flagged; 0 takes drafts as free, 1 allows a draft "
+                               "model as large as the target")
 
 
 def load_result(source: Result | str, what: str) -> Result:
-    """The result itself, or read from its orch.bench/v1 JSON file."""
+    """The result itself, or read from its orch.bench/v1 or v2 JSON file."""
     if isinstance(source, Result):
         return source
     path = Path(source)
@@ -272,16 +389,19 @@ def load_result(source: Result | str, what: str) -> Result:
         raise TaskError(f"{what}: {path} is not JSON: {exc}") from None
     if not isinstance(data, dict):
         raise TaskError(f"{what}: {path} holds no {SCHEMA} object")
-    if (schema := data.get("schema", SCHEMA)) != SCHEMA:
-        raise TaskError(f"{what}: {path} is {schema!r}; this orch reads {SCHEMA}")
+    if (schema := data.get("schema", SCHEMA)) not in SCHEMAS:
+        raise TaskError(f"{what}: {path} is {schema!r}; this orch reads {' and '.join(SCHEMAS)}")
     try:
-        return Result.model_validate({k: v for k, v in data.items() if k in Result.model_fields})
+        result = Result.model_validate(
+            {k: v for k, v in data.items() if k in Result.model_fields})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise TaskError(f"{what}: {path}: {problems}") from None
+    result._origin = f"{path} ({schema})"
+    return result
 
 
-# --- the analysis --------------------------------------------------------------------------------
+# --- formatting ----------------------------------------------------------------------------------
 
 def fx(ratio: float) -> str:
     """1.4x, 0.36x, 1.0x."""
@@ -290,7 +410,42 @@ def fx(ratio: float) -> str:
 
 
 def fc(concurrency: float) -> str:
+    """Requests in flight: 48, 7.9, 31.5."""
     return f"{concurrency:.3g}"
+
+
+def ft(tok_s: float) -> str:
+    """Tokens per second: 63.6, 849, 2370, 410.2."""
+    return f"{tok_s:.4g}" if abs(tok_s) < 10_000 else f"{tok_s:.0f}"
+
+
+def fr(value: float) -> str:
+    """A ratio's interval end: 1.21; an unbounded one: inf."""
+    return "inf" if math.isinf(value) else f"{value:.2f}"
+
+
+def _and(items: list[str]) -> str:
+    """'1', '1 and 4', '1, 4 and 8'."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+def _span(values: list[float]) -> str:
+    """Speed-ups of several levels: '1.3-1.8x', '0.58-0.60x', or '1.4x' when they agree."""
+    lo, hi = f"{min(values):.2f}", f"{max(values):.2f}"
+    if lo == hi:
+        return fx(min(values))
+    if lo.endswith("0") and hi.endswith("0"):
+        lo, hi = lo[:-1], hi[:-1]
+    return f"{lo}-{hi}x"
+
+
+def _value(value: object) -> str:
+    return repr(value) if isinstance(value, str) else str(value)
+
+
+# --- the analysis --------------------------------------------------------------------------------
+
+Outcome = Literal["win", "even", "loss"]
 
 
 @dataclass(frozen=True)
@@ -298,12 +453,40 @@ class Point:
     """A level at the concurrency it really ran at."""
 
     level: Level
-    concurrency: float  # achieved; else min(requested, max_running_requests)
-    inferred: bool  # concurrency not measured but taken from the server's cap
+    concurrency: float  # in flight: achieved (the windows' median); else min(requested, cap)
+    inferred: bool  # in flight not measured but taken from the server's cap
+
+    @property
+    def tok_s(self) -> float:
+        return self.level.output_tok_s
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """[min, max] of the windows' tok/s; [v, v] for a level measured once. Widened to take
+        in the median, should it lie outside (flagged), so the ratio bounds stay bounds."""
+        iv = self.level.interval
+        if iv is None or iv.output_tok_s is None:
+            return self.tok_s, self.tok_s
+        return min(iv.output_tok_s[0], self.tok_s), max(iv.output_tok_s[1], self.tok_s)
+
+    @property
+    def windows(self) -> int | None:
+        lv = self.level
+        if lv.windows is not None:
+            return lv.windows
+        if lv.per_window:
+            return len(lv.per_window)
+        return 1 if self.level.interval is None else None
+
+    @property
+    def once(self) -> bool:
+        """Measured once, no spread known: a v1 level, or a single window."""
+        iv = self.level.interval
+        return iv is None or iv.output_tok_s is None or self.windows == 1
 
     @property
     def per_request(self) -> float:
-        return self.level.output_tok_s / self.concurrency
+        return self.tok_s / self.concurrency
 
 
 def points(result: Result) -> list[Point]:
@@ -327,7 +510,32 @@ class Match:
 
     @property
     def speedup(self) -> float:
-        return self.cand.level.output_tok_s / self.base.level.output_tok_s
+        """The medians' ratio."""
+        return self.cand.tok_s / self.base.tok_s
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        """[candidate min / baseline max, candidate max / baseline min] over the windows."""
+        (c_lo, c_hi), (b_lo, b_hi) = self.cand.bounds, self.base.bounds
+        return c_lo / b_hi, (c_hi / b_lo if b_lo > 0 else math.inf)
+
+    @property
+    def spread_text(self) -> str | None:
+        """'1.21-1.62', or None when both sides were measured once (no spread known)."""
+        if self.cand.once and self.base.once:
+            return None
+        lo, hi = self.bounds
+        return f"{fr(lo)}-{fr(hi)}"
+
+
+def _match(cand: list[Point], base: list[Point], tolerance: float) -> list[Match]:
+    out = []
+    for c in cand:
+        near = [b for b in base if abs(b.concurrency - c.concurrency)
+                <= tolerance * max(b.concurrency, c.concurrency)]
+        if near:
+            out.append(Match(c, min(near, key=lambda b: abs(b.concurrency - c.concurrency))))
+    return out
 
 
 @dataclass
@@ -335,38 +543,66 @@ class Acceptance:
     tau: float
     k: int
     strict: float
-    alpha: float
+    alpha: float | None  # None where tau is outside [1, k+1]: no alpha gives it
     source: str  # where tau came from
     reported: float | None = None
     definition: Definition | None = None
     notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # figures their definition forbids
+
+    def in_range(self, tau: float) -> bool:
+        return 1.0 - 1e-9 <= tau <= self.k + 1.0 + 1e-9
 
 
 def acceptance(spec: Spec | None, engine: str | None) -> Acceptance | None:
-    """tau and k, and from them the strict rate and alpha; the engine's figure on that scale."""
+    """tau and k, and from them the strict rate and alpha; the engine's figure on that scale.
+    Figures out of their range are kept and listed in `problems` (they are measurements)."""
     if spec is None or spec.k is None or (spec.accept_length is None and spec.acceptance is None):
         return None
-    k = spec.k
+    k, rate, definition = spec.k, spec.acceptance, spec.acceptance_definition
     reported_tau = None
-    if spec.acceptance is not None and spec.acceptance_definition is not None:
-        reported_tau = tau_from_rate(spec.acceptance, k, spec.acceptance_definition)
+    if rate is not None and definition is not None:
+        reported_tau = _tau_of_rate(rate, k, definition)
     tau = spec.accept_length if spec.accept_length is not None else reported_tau
-    assert tau is not None
+    assert tau is not None  # Result._check gave every rate a definition
     source = "accept length" if spec.accept_length is not None else "the reported acceptance"
-    acc = Acceptance(tau, k, strict_rate(tau, k), alpha_from_tau(tau, k), source,
-                     spec.acceptance, spec.acceptance_definition)
-    if spec.acceptance is not None and reported_tau is not None:
-        who = {"sglang": "SGLang", "vllm": "vLLM"}.get(engine or "", "the engine")
-        acc.notes.append(
-            f"{who} reported {spec.acceptance:.0%} on the {spec.acceptance_definition} definition "
-            f"({DEFINITIONS[str(spec.acceptance_definition)]}), i.e. tau = "
-            f"{reported_tau:.2f} and {strict_rate(reported_tau, k):.1%} accepted/proposed")
-        if reported_tau <= 1.05:  # a legacy figure at 1/(k+1) means tau = 1
-            acc.notes.append("at or near that definition's floor: (almost) no draft accepted")
-        if spec.accept_length is not None and abs(reported_tau - tau) > max(0.1, 0.05 * tau):
-            acc.notes.append(f"INCONSISTENT with accept length {tau:.2f}: check k "
-                             "(drafts per step, not num_draft_tokens) and the definition")
+    acc = Acceptance(tau, k, strict_rate(tau, k), None, source, rate, definition)
+    if acc.in_range(tau):
+        acc.alpha = alpha_from_tau(min(max(tau, 1.0), k + 1.0), k)
+    acc.problems = _acceptance_problems(spec, k)
+    if rate is not None and definition is not None and reported_tau is not None:
+        acc.notes = _reported_notes(rate, definition, reported_tau, acc, engine,
+                                    spec.accept_length is not None)
     return acc
+
+
+def _acceptance_problems(spec: Spec, k: int) -> list[str]:
+    out = []
+    if (tau := spec.accept_length) is not None and not 1 - 1e-9 <= tau <= k + 1 + 1e-9:
+        out.append(f"accept length tau = {tau:.2f} is outside [1, k+1] = [1, {k + 1}]")
+    rate, definition = spec.acceptance, spec.acceptance_definition
+    if rate is not None and definition is not None:
+        floor = rate_floor(k, definition)
+        if not floor - 1e-9 <= rate <= 1 + 1e-9:
+            hint = (" (a percentage is written 0.42 or '42%')" if rate > 1
+                    else ": check k and the definition")
+            out.append(f"acceptance {rate:.1%} is outside [{floor:.1%}, 100%], the range of the "
+                       f"{definition} definition with k={k}{hint}")
+    return out
+
+
+def _reported_notes(rate: float, definition: Definition, reported_tau: float, acc: Acceptance,
+                    engine: str | None, has_tau: bool) -> list[str]:
+    who = {"sglang": "SGLang", "vllm": "vLLM"}.get(engine or "", "the engine")
+    notes = [f"{who} reported {rate:.0%} on the {definition} definition "
+             f"({DEFINITIONS[definition]}), i.e. tau = {reported_tau:.2f} and "
+             f"{strict_rate(reported_tau, acc.k):.1%} accepted/proposed"]
+    if acc.in_range(reported_tau) and reported_tau <= 1.05:  # legacy at 1/(k+1) is tau = 1
+        notes.append("at or near that definition's floor: (almost) no draft accepted")
+    if has_tau and abs(reported_tau - acc.tau) > max(0.1, 0.05 * acc.tau):
+        notes.append(f"INCONSISTENT with accept length {acc.tau:.2f}: check k "
+                     "(drafts per step, not num_draft_tokens) and the definition")
+    return notes
 
 
 @dataclass
@@ -376,28 +612,28 @@ class BreakEven:
     base_tok_s: float  # the baseline's single-stream output
     t_dec_ms: float
     step_budget_ms: float  # a speculative step (k drafts + verify + overhead) must be faster
-    max_draft_cost: float  # c with v = 1
+    max_draft_cost: float  # the draft/target cost ratio at break-even with v = 1
     ceiling: float  # S with free drafts and verify = one decode step: tau
-    modelled: dict[float, float]
-    measured: float | None  # speed-up measured at c=1
+    modelled: dict[float, float]  # draft/target cost ratio -> S
+    measured: float | None  # speed-up measured at concurrency 1
 
     def text(self, acc: Acceptance) -> str:
         lines = [
-            f"baseline decode step T_dec = 1000 / {self.base_tok_s:g} tok/s = "
-            f"{self.t_dec_ms:.1f} ms; a speculative step emits tau = {acc.tau:.2f} tokens, so "
-            f"it must take < tau * T_dec = {self.step_budget_ms:.1f} ms (k={acc.k} drafts + "
-            "verify + overhead) to win at c=1",
-            f"with verify = one decode step (v=1) a draft step must cost < (tau-1)/k = "
-            f"{self.max_draft_cost:.2f} of a target step; ceiling with free drafts: "
-            f"{fx(self.ceiling)}",
-            "modelled S = tau/(k*c+1): " + ", ".join(
-                f"{fx(s)} at c={c:g}" for c, s in self.modelled.items()),
+            f"baseline decode step T_dec = 1000 / {ft(self.base_tok_s)} tok/s = "
+            f"{self.t_dec_ms:.1f} ms at concurrency 1; a speculative step emits tau = "
+            f"{acc.tau:.2f} tokens, so it must take < tau * T_dec = {self.step_budget_ms:.1f} ms "
+            f"(k={acc.k} drafts + verify + overhead) to win at concurrency 1",
+            f"with verify = one decode step (v=1) the draft/target cost ratio must stay below "
+            f"(tau-1)/k = {self.max_draft_cost:.2f}; ceiling with free drafts: {fx(self.ceiling)}",
+            "modelled speed-up tau/(k * ratio + 1): " + ", ".join(
+                f"{fx(s)} at {'a draft/target cost ratio of ' if i == 0 else ''}{r:g}"
+                for i, (r, s) in enumerate(self.modelled.items())),
         ]
         if self.measured is not None:
             cost = acc.tau / self.measured
-            lines.append(f"measured {fx(self.measured)} at c=1: a speculative step costs "
-                         f"tau/S = {cost:.2f} decode steps, i.e. a draft step ~"
-                         f"{(cost - 1) / acc.k:.2f} of a target step (v=1)")
+            lines.append(f"measured {fx(self.measured)} at concurrency 1: a speculative step "
+                         f"costs tau/S = {cost:.2f} decode steps, i.e. a draft/target cost ratio "
+                         f"of ~{(cost - 1) / acc.k:.2f} (v=1)")
         lines.append(f"at higher load verifying B*(k+1) tokens turns compute-bound, "
                      f"v_B -> k+1 = {acc.k + 1}, so the break-even tau rises with batch size "
                      "and speculation loses where it exceeds the measured tau")
@@ -411,41 +647,91 @@ class Verdict:
     name: str
     result: Result
     points: list[Point]
-    matches: list[Match]
-    c1: Match | None
-    peak: tuple[Point, Point] | None
-    peak_comparable: bool
-    capped: bool
+    matches: list[Match]  # [] when not comparable
+    base_points: list[Point]
     cap_note: str | None
     acceptance: Acceptance | None
-    break_even: BreakEven | None
+    differ: list[str]  # workload settings that differ: 'output_tokens 48 vs 128'
+    noise: float
+    tolerance: float
+    max_draft_cost: float = 0.0  # the draft/target cost ratio the step-cost check allows
+    break_even: BreakEven | None = None
+    problems: list[str] = field(default_factory=list)  # MEASUREMENT PROBLEM: ...
+    notes: list[str] = field(default_factory=list)
     verdict: str = ""
     pays: bool = False
-    loses_above: float | None = None
-    notes: list[str] = field(default_factory=list)
 
     @property
-    def speedup_peak(self) -> float | None:
-        return None if self.peak is None else (
-            self.peak[0].level.output_tok_s / self.peak[1].level.output_tok_s)
+    def capped(self) -> bool:
+        return self.cap_note is not None
+
+    @property
+    def base_peak(self) -> Point | None:
+        """The baseline's level of highest throughput."""
+        return max(self.base_points, key=lambda p: p.tok_s, default=None)
+
+    def outcome(self, m: Match) -> Outcome:
+        """A win only when the interval's low end is above 1 + noise, a loss only when its high
+        end is below 1 - noise: a speed-up the windows' spread can explain is even."""
+        lo, hi = m.bounds
+        return "win" if lo > 1 + self.noise else "loss" if hi < 1 - self.noise else "even"
+
+    def at(self, outcome: Outcome) -> list[Match]:
+        return [m for m in self.matches if self.outcome(m) == outcome]
+
+    @property
+    def c1(self) -> Match | None:
+        return next((m for m in self.matches if m.cand.level.concurrency == 1), None)
+
+    @property
+    def peak(self) -> Match | None:
+        """The candidate's level with as many in flight as the baseline's peak, if it ran one."""
+        at_peak = [m for m in self.matches if m.base is self.base_peak]
+        return min(at_peak, key=lambda m: abs(m.cand.concurrency - m.base.concurrency),
+                   default=None)
+
+    def step_limit(self, acc: Acceptance) -> float:
+        """The most decode steps a speculative step can cost: a compute-bound verify of k+1
+        tokens, plus k drafts at max_draft_cost each (section 4)."""
+        return acc.k + 1 + acc.k * self.max_draft_cost
+
+    def step_limit_text(self, acc: Acceptance) -> str:
+        if not self.max_draft_cost:
+            return f"k+1 = {acc.k + 1}"
+        return (f"k+1 + k * max_draft_cost = {self.step_limit(acc):.3g} (drafts at "
+                f"{self.max_draft_cost:g} target steps each)")
+
+    def name_of(self, p: Point) -> str:
+        """'8', or '64 with 33 in flight' where the server ran another number than asked."""
+        n = p.level.concurrency
+        if abs(p.concurrency - n) > self.tolerance * n:
+            return f"{n} with {fc(p.concurrency)} in flight"
+        return str(n)
+
+    def step_cost(self, m: Match) -> float | None:
+        """Spec step / decode step = tau / speed-up (section 4), tau of that level if known."""
+        acc = self.acceptance
+        if acc is None or acc.problems:
+            return None
+        return level_tau(m.cand.level, acc) / m.speedup
 
 
-def _match(cand: list[Point], base: list[Point], tolerance: float) -> list[Match]:
-    out = []
-    for c in cand:
-        near = [b for b in base if abs(b.concurrency - c.concurrency)
-                <= tolerance * max(b.concurrency, c.concurrency)]
-        if near:
-            out.append(Match(c, min(near, key=lambda b: abs(b.concurrency - c.concurrency))))
-    return out
+def level_tau(level: Level, acc: Acceptance) -> float:
+    """The level's own tau (bench.serve measures it per level), else the sweep's."""
+    raw = (level.spec or {}).get("accept_length")
+    if isinstance(raw, int | float) and not isinstance(raw, bool) and acc.in_range(raw):
+        return float(raw)
+    return acc.tau
 
 
 def _cap(result: Result, pts: list[Point], base: Result, tolerance: float,
          base_pts: list[Point]) -> str | None:
-    """Why the candidate's achieved concurrency fell short of the requested (the 48 case)."""
+    """Why the candidate's achieved concurrency fell short of the requested (the 48 case): the
+    server's cap, or a shortfall of unknown cause (no cap recorded). Below a recorded cap it is
+    not the cap (see _shortfall)."""
     mrr = result.server.max_running_requests
     over = [p for p in pts if mrr is not None and p.level.concurrency > mrr]
-    short = [p for p in pts if p.concurrency < (1 - tolerance) * p.level.concurrency]
+    short = [] if mrr is not None else _short(pts, tolerance)
     if not over and not short:
         return None
     p = max(over or short, key=lambda p: p.level.concurrency)
@@ -454,119 +740,182 @@ def _cap(result: Result, pts: list[Point], base: Result, tolerance: float,
         base_mrr = base.server.max_running_requests
         text = (f"capped by the server: max_running_requests={mrr}"
                 + (f" (baseline: {base_mrr})" if base_mrr is not None else "")
-                + f"; c={p.level.concurrency} requested, {ran}")
+                + f"; concurrency {p.level.concurrency} requested, {ran}")
         if result.server.engine == "sglang" and result.spec is not None:
             text += ("; SGLang resets max_running_requests to 48 for speculative decoding "
                      "unless --max-running-requests is set (serving-reference 1.2): re-run with "
                      f"--max-running-requests {p.level.concurrency} and check "
                      "--cuda-graph-max-bs before concluding (0.2)")
     else:
-        text = (f"admission fell short: c={p.level.concurrency} requested, {ran}; the server's "
-                "max_running_requests was not recorded, so the cause is unknown")
-    # Per request (section 0.2): the capped peak measures the cap, not speculation. The
-    # baseline's per-request speed falls with load, so at the nearest level at or above the
-    # candidate's concurrency it bounds the baseline at equal concurrency from below.
+        text = (f"admission fell short: concurrency {p.level.concurrency} requested, {ran}; the "
+                "server's max_running_requests was not recorded, so the cause is unknown")
+    return text + _per_request_bound(p, base_pts, tolerance)
+
+
+def _short(pts: list[Point], tolerance: float) -> list[Point]:
+    return [p for p in pts if p.concurrency < (1 - tolerance) * p.level.concurrency]
+
+
+def _shortfall(result: Result, pts: list[Point], tolerance: float) -> list[str]:
+    """Fewer in flight than requested although the server's cap allowed more."""
+    mrr = result.server.max_running_requests
+    if mrr is None or not (short := [p for p in _short(pts, tolerance)
+                                     if p.level.concurrency <= mrr]):
+        return []
+    return ["fewer in flight than requested at concurrency "
+            + ", ".join(f"{p.level.concurrency} ({fc(p.concurrency)})" for p in short)
+            + f", under max_running_requests={mrr}: not the server's cap (a short level's "
+            "ramp-down, or the server's scheduling); levels are compared by what ran"]
+
+
+def _per_request_bound(p: Point, base_pts: list[Point], tolerance: float) -> str:
+    """Per request (section 0.2): a capped level measures the cap, not speculation. The
+    baseline's per-request speed falls with load, so its nearest level at or above the
+    candidate's in-flight count bounds it from below there. A bound, so no ratio is given."""
     above = [b for b in base_pts if b.concurrency >= p.concurrency * (1 - tolerance)]
-    if above:
-        b = min(above, key=lambda b: b.concurrency)
-        ratio = p.per_request / b.per_request
-        text += (f"; per request {p.per_request:.1f} tok/s with {fc(p.concurrency)} in flight vs "
-                 f"{b.per_request:.1f} for the baseline with {fc(b.concurrency)} ({fx(ratio)})")
-        if ratio < 1 and b.concurrency > p.concurrency * (1 + tolerance):
-            text += (f": at {fc(p.concurrency)} in flight the baseline would be at least that "
-                     "fast, so no sign of a speed-up at equal concurrency either")
-        elif ratio >= 1 and b.concurrency > p.concurrency * (1 + tolerance):
-            text += (f": measure the baseline at c={fc(p.concurrency)} or lift the cap to "
-                     "decide")
-    return text
+    if not above:
+        return ""
+    b = min(above, key=lambda b: b.concurrency)
+    text = (f"; per request {p.per_request:.1f} tok/s with {fc(p.concurrency)} in flight vs "
+            f"{b.per_request:.1f} for the baseline with {fc(b.concurrency)} in flight")
+    if b.concurrency <= p.concurrency * (1 + tolerance):
+        return text
+    if p.per_request < b.per_request:
+        return text + (f": with {fc(p.concurrency)} in flight the baseline would be at least "
+                       "that fast, so no sign of a speed-up at equal concurrency either")
+    return text + (f": measure the baseline with {fc(p.concurrency)} in flight or lift the cap "
+                   "to decide")
+
+
+def workload_differences(base: Result, cand: Result) -> list[str]:
+    """Settings of the workload itself that differ: then the two measure different work."""
+    b, c = base.benchmark, cand.benchmark
+    keys = sorted((b.keys() & c.keys()) - NAMING_KEYS - MEASURING_KEYS)
+    return [f"{k} {_value(b[k])} vs {_value(c[k])}" for k in keys if b[k] != c[k]]
 
 
 def compare(name: str, cand: Result, base: Result, noise: float = 0.03,
-            tolerance: float = 0.1) -> Verdict:
-    """Speed-ups at c=1, at peak and at equal achieved concurrency; cap; acceptance; verdict."""
+            tolerance: float = 0.1, max_draft_cost: float = 0.0) -> Verdict:
+    """Speed-ups level by level at equal achieved concurrency, with intervals; the cap;
+    acceptance; physics checks; the verdict."""
     cpts, bpts = points(cand), points(base)
-    c1 = next((Match(c, b) for c in cpts for b in bpts
-               if c.level.concurrency == 1 and b.level.concurrency == 1), None)
-    peak = None
-    comparable = False
-    if cpts and bpts:
-        cp = max(cpts, key=lambda p: p.level.output_tok_s)
-        bp = max(bpts, key=lambda p: p.level.output_tok_s)
-        peak = (cp, bp)
-        # A candidate never run up to the baseline's peak concurrency has no peak to compare.
-        comparable = max(p.level.concurrency for p in cpts) >= bp.level.concurrency
-    cap_note = _cap(cand, cpts, base, tolerance, bpts)
-    acc = acceptance(cand.spec, cand.server.engine)
-    v = Verdict(name, cand, cpts, _match(cpts, bpts, tolerance), c1, peak, comparable,
-                cap_note is not None, cap_note, acc, None)
-    base_c1 = next((b for b in bpts if b.level.concurrency == 1), None)
-    if acc is not None and base_c1 is not None and acc.tau > 1 + noise:
-        t_dec = 1000.0 / base_c1.level.output_tok_s  # section 4: 63.6 tok/s -> 15.7 ms
-        v.break_even = BreakEven(
-            base_c1.level.output_tok_s, t_dec, acc.tau * t_dec, acc.strict, acc.tau,
-            {c: modelled_speedup(acc.tau, acc.k, c) for c in DRAFT_COSTS},
-            None if c1 is None else c1.speedup)
-    _decide(v, base, noise)
+    differ = workload_differences(base, cand)
+    v = Verdict(name, cand, cpts, [] if differ else _match(cpts, bpts, tolerance), bpts,
+                _cap(cand, cpts, base, tolerance, bpts),
+                acceptance(cand.spec, cand.server.engine), differ, noise, tolerance,
+                max_draft_cost)
+    v.break_even = _break_even(v, bpts)
+    v.problems = measurement_problems(v, base)
+    v.notes = _notes(v, base)
+    # Mixed results do not pay: a loss somewhere means it cannot simply be switched on; where
+    # it wins is in NAME.wins_at. Impossible figures do not pay either: they are not evidence.
+    v.pays = bool(v.at("win")) and not v.at("loss") and not v.problems
+    v.verdict = _verdict_text(v, base)
     return v
 
 
-def _decide(v: Verdict, base: Result, noise: float) -> None:
-    """The verdict line, e.g. 'speculation pays: 1.4x at c=1, loses above c=32'."""
-    wins = [m for m in v.matches if m.speedup > 1 + noise]
-    losses = [m for m in v.matches if m.speedup < 1 - noise]
-    s_peak = v.speedup_peak
-    peak_loses = s_peak is not None and v.peak_comparable and s_peak < 1 - noise
+def _break_even(v: Verdict, bpts: list[Point]) -> BreakEven | None:
     acc = v.acceptance
-    nothing_accepted = acc is not None and acc.tau <= 1 + noise
-    details: list[str] = []
-    if wins:
-        v.pays = True
-        first = min(wins, key=lambda m: m.cand.concurrency)
-        head = f"speculation pays: {fx(first.speedup)} at c={fc(first.cand.concurrency)}"
-        if later := [m for m in losses if m.cand.concurrency > first.cand.concurrency]:
-            lost = min(m.cand.concurrency for m in later)
-            v.loses_above = max(m.cand.concurrency for m in v.matches
-                                if m.cand.concurrency < lost)
-            details.append(f"loses above c={fc(v.loses_above)}")
-        elif peak_loses:
-            details.append(f"loses at peak ({fx(s_peak or 0)})")
-    elif v.matches or peak_loses or nothing_accepted:
-        head = "no speed-up"
-        best = max(v.matches, key=lambda m: m.speedup, default=None)
-        if best is not None and not (peak_loses and v.peak and best.cand is v.peak[0]):
-            details.append(f"at best {fx(best.speedup)} at c={fc(best.cand.concurrency)}")
-        if peak_loses:
-            details.append(f"loses at peak ({fx(s_peak or 0)})")
-    elif v.points:
-        head = "no speed-up measured at equal concurrency"
-    elif acc is not None:  # tau bounds any speed-up (section 4): free drafts, v = 1
-        head = f"not measured: at most {fx(acc.tau)} at c=1 (tau)"
-    else:
-        head = "no measurement"
-    if nothing_accepted and acc is not None:
-        details.append(f"tau={acc.tau:.2f}, no draft accepted")
-    if v.capped:
-        mrr = v.result.server.max_running_requests
-        details.append(f"capped at {mrr} running requests" if mrr else "admission capped")
-    sep = ", " if ":" in head else ": "  # 'pays: 1.4x at c=1, loses ...'; 'no speed-up: ...'
-    v.verdict = head + (sep + ", ".join(details) if details else "")
-    if acc is not None:
-        if v.c1 is not None and v.c1.speedup > acc.tau * (1 + noise):
-            v.notes.append(f"measured {fx(v.c1.speedup)} at c=1 exceeds the ceiling tau = "
-                           f"{acc.tau:.2f}: are both runs the same benchmark?")
-        v.notes.extend(n for n in acc.notes if n.startswith("INCONSISTENT"))
-    v.notes.extend(_comparability(v.result, base))
+    base_c1 = next((b for b in bpts if b.level.concurrency == 1), None)
+    if acc is None or acc.problems or base_c1 is None or acc.tau <= 1 + v.noise or v.differ:
+        return None
+    t_dec = 1000.0 / base_c1.tok_s  # section 4: 63.6 tok/s -> 15.7 ms
+    return BreakEven(base_c1.tok_s, t_dec, acc.tau * t_dec, acc.strict, acc.tau,
+                     {r: modelled_speedup(acc.tau, acc.k, r) for r in DRAFT_COSTS},
+                     None if v.c1 is None else v.c1.speedup)
+
+
+def measurement_problems(v: Verdict, base: Result) -> list[str]:
+    """Figures physics or their definition forbids: flagged, never refused (they are what the
+    instruments said, and the verdict must say the instruments are wrong)."""
+    out = list(v.acceptance.problems) if v.acceptance else []
+    out += _interval_problems("baseline", base) + _interval_problems("candidate", v.result)
+    if (acc := v.acceptance) is not None:
+        out += _level_tau_problems(v, acc)
+        if not acc.problems:
+            out += _step_problems(v, acc)
+    return out
+
+
+def _interval_problems(who: str, result: Result) -> list[str]:
+    out = []
+    for lv in result.levels:
+        if lv.interval is not None and (iv := lv.interval.output_tok_s) is not None \
+                and not iv[0] * (1 - 1e-6) <= lv.output_tok_s <= iv[1] * (1 + 1e-6):
+            out.append(f"{who} at concurrency {lv.concurrency}: median {ft(lv.output_tok_s)} "
+                       f"tok/s outside its own interval {ft(iv[0])}-{ft(iv[1])}")
+    return out
+
+
+def _level_tau_problems(v: Verdict, acc: Acceptance) -> list[str]:
+    out = []
+    for p in v.points:
+        raw = (p.level.spec or {}).get("accept_length")
+        if isinstance(raw, int | float) and not isinstance(raw, bool) and not acc.in_range(raw):
+            out.append(f"accept length tau = {raw:.2f} at concurrency {p.level.concurrency} is "
+                       f"outside [1, k+1] = [1, {acc.k + 1}]")
+    return out
+
+
+def _step_problems(v: Verdict, acc: Acceptance) -> list[str]:
+    """Section 4: S = tau / (spec step / decode step). A step costs at least one decode step
+    (its verify pass), so S <= tau; verifying k+1 tokens costs at most k+1 decode steps even
+    compute-bound, and k drafts k * max_draft_cost more. Both checked beyond the interval and
+    the noise margin, so only what the windows cannot explain is flagged."""
+    ms = sorted(v.matches, key=lambda m: m.cand.concurrency)
+    taus = {id(m): level_tau(m.cand.level, acc) for m in ms}
+    fast = [m for m in ms if m.bounds[0] > taus[id(m)] * (1 + v.noise)]
+    slow = [m for m in ms if taus[id(m)] / m.bounds[1] > v.step_limit(acc) * (1 + v.noise)]
+    out = []
+    if fast:
+        out.append(f"speed-up {_span([m.speedup for m in fast])} at concurrency {_names(v, fast)}"
+                   f" exceeds tau = {_nums([taus[id(m)] for m in fast], '.2f')}, the ceiling "
+                   "even with free drafts")
+    if slow:
+        costs = [taus[id(m)] / m.speedup for m in slow]
+        out.append(f"a speculative step at concurrency {_names(v, slow)} costs "
+                   f"{_nums(costs, '.1f')} decode steps (tau / speed-up), more than "
+                   f"{v.step_limit_text(acc)}")
+    return out
+
+
+def _names(v: Verdict, ms: list[Match]) -> str:
+    return ", ".join(v.name_of(m.cand) for m in ms)
+
+
+def _nums(values: list[float], fmt: str) -> str:
+    """'4.7', or '4.7-4.9' for several."""
+    lo, hi = format(min(values), fmt), format(max(values), fmt)
+    return lo if lo == hi else f"{lo}-{hi}"
+
+
+def _notes(v: Verdict, base: Result) -> list[str]:
+    notes = [n for n in v.acceptance.notes if n.startswith("INCONSISTENT")] \
+        if v.acceptance else []
+    if v.acceptance is not None and any(
+            v.step_limit_text(v.acceptance) in p for p in v.problems):
+        notes.append("a speculative step costing more than a compute-bound verify pass (k+1 "
+                     "decode steps) plus k drafts at max_draft_cost each means a draft step "
+                     "costs more than assumed, or a large per-step overhead, or runs that did "
+                     "not run the same load; a draft model about as large as the target costs "
+                     "~1 target step per draft: then set max_draft_cost: 1")
+    return notes + _shortfall(v.result, v.points, v.tolerance) + _comparability(v.result, base)
 
 
 def _comparability(cand: Result, base: Result) -> list[str]:
-    """Same benchmark and engine? (serving-reference 3.3: the clients' defaults differ.)"""
+    """What differs besides the workload (serving-reference 3.3: the clients' defaults)."""
+    b, c = base.benchmark, cand.benchmark
     notes = []
-    differ = [f"{k}: {base.benchmark[k]!r} vs {cand.benchmark[k]!r}"
-              for k in sorted(base.benchmark.keys() & cand.benchmark.keys())
-              if base.benchmark[k] != cand.benchmark[k]]
-    if differ:
-        notes.append("NOT the same benchmark (" + "; ".join(differ) + "): the speed-ups compare "
-                     "the benchmarks as much as the servers")
+    measuring = [f"{k} {_value(b[k])} vs {_value(c[k])}"
+                 for k in sorted(b.keys() & c.keys() & MEASURING_KEYS) if b[k] != c[k]]
+    if measuring:
+        notes.append("measured differently (baseline vs candidate: " + "; ".join(measuring)
+                     + "): same workload, other measurement lengths or stopping rules")
+    if "tool" in b and "tool" in c and b["tool"] != c["tool"]:
+        notes.append(f"different benchmark tools ({b['tool']} vs {c['tool']}): their defaults "
+                     "differ (serving-reference 3.3), only the settings both recorded agree")
+    if one_sided := sorted((b.keys() ^ c.keys()) - NAMING_KEYS - MEASURING_KEYS):
+        notes.append("recorded for one result only, so not checked: " + ", ".join(one_sided))
     if base.server.engine and cand.server.engine and base.server.engine != cand.server.engine:
         notes.append(f"engines differ ({base.server.engine} vs {cand.server.engine}): compare "
                      "only with identical prompts, temperature and max tokens (bench_serving "
@@ -575,7 +924,143 @@ def _comparability(cand: Result, base: Result) -> list[str]:
     return notes
 
 
+# --- the verdict line ----------------------------------------------------------------------------
+
+def _verdict_text(v: Verdict, base: Result) -> str:
+    """What is there, level by level; problems first, then what qualifies it."""
+    text = "; ".join([_head(v), *_details(v, base)])
+    if v.problems:
+        text = f"{PROBLEM}: " + "; ".join(v.problems) + " — " + text
+    return text
+
+
+def _head(v: Verdict) -> str:
+    acc = v.acceptance
+    if v.differ:
+        return "not comparable: " + ", ".join(v.differ)
+    if v.matches:
+        return _levels_text(v)
+    if v.points:
+        return ("not compared: no baseline level at equal concurrency (candidate: "
+                + ", ".join(f"concurrency {v.name_of(p)}" for p in v.points) + ")")
+    if acc is not None and acc.tau <= 1 + v.noise:
+        return f"no speed-up: tau={acc.tau:.2f}, no draft accepted"
+    if acc is not None:  # tau bounds any speed-up (section 4): free drafts, v = 1
+        return f"not measured: at most {fx(acc.tau)} at concurrency 1 (tau)"
+    return "no measurement"
+
+
+def _levels_text(v: Verdict) -> str:
+    ms = sorted(v.matches, key=lambda m: m.cand.concurrency)
+    outcomes = {v.outcome(m) for m in ms}
+    if len(outcomes) > 1:
+        return _mixed(v, ms)
+    outcome = outcomes.pop()
+    names = [v.name_of(m.cand) for m in ms]
+    if len(ms) == 1:
+        where = f"at concurrency {names[0]}"
+        spread = ms[0].spread_text
+        figure = fx(ms[0].speedup) + (f" ({spread})" if spread else "")
+    else:
+        where = f"at every concurrency measured ({', '.join(names)})"
+        figure = _span([m.speedup for m in ms])
+    return {"win": f"speculation pays {where}: {figure}",
+            "even": f"no speed-up: even {where}: {figure}",
+            "loss": f"loses {where}: {figure}"}[outcome]
+
+
+def _mixed(v: Verdict, ms: list[Match]) -> str:
+    """'wins at concurrency 1 (1.43x, 1.21-1.62), even at 4, loses at 8 (0.71x, 0.66-0.77)'."""
+    groups: list[tuple[Outcome, list[Match]]] = []
+    for m in ms:
+        if groups and groups[-1][0] == v.outcome(m):
+            groups[-1][1].append(m)
+        else:
+            groups.append((v.outcome(m), [m]))
+    parts = []
+    for i, (outcome, group) in enumerate(groups):
+        verb = {"win": "wins", "even": "even", "loss": "loses"}[outcome]
+        items = [v.name_of(m.cand) + ("" if outcome == "even" else f" ({_figure(m)})")
+                 for m in group]
+        parts.append(f"{verb} at {'concurrency ' if i == 0 else ''}{_and(items)}")
+    return ", ".join(parts)
+
+
+def _figure(m: Match) -> str:
+    return fx(m.speedup) + (f", {m.spread_text}" if m.spread_text else "")
+
+
+def _details(v: Verdict, base: Result) -> list[str]:
+    out = []
+    if v.matches:
+        matched = {id(m.cand) for m in v.matches}
+        if lone := [v.name_of(p) for p in v.points if id(p) not in matched]:
+            out.append(f"not compared at concurrency {', '.join(lone)}: no baseline level with "
+                       "that many in flight")
+        out += _unstable(v)
+        out += _once(v)
+    acc = v.acceptance
+    if acc is not None and acc.tau <= 1 + v.noise and v.points and not v.differ:
+        out.append(f"tau={acc.tau:.2f}, no draft accepted")
+    if v.capped:
+        mrr = v.result.server.max_running_requests
+        out.append(f"capped at {mrr} running requests" if mrr
+                   else "fewer in flight than requested, cause unknown")
+    if (runs := _runs(base, v.result)) is not None:
+        out.append(runs)
+    return out
+
+
+def _unstable(v: Verdict) -> list[str]:
+    """Levels whose last windows did not agree (bench.serve's stability threshold)."""
+    out = []
+    for who, pts in (("", [m.cand for m in v.matches]), ("baseline ", [m.base for m in v.matches])):
+        shaky = sorted({p.level.concurrency: p for p in pts if p.level.stable is False}.values(),
+                       key=lambda p: p.level.concurrency)
+        if shaky:
+            out.append(f"{who}unstable at concurrency " + ", ".join(
+                str(p.level.concurrency)
+                + (f" (spread {p.level.spread:.0%})" if p.level.spread is not None else "")
+                for p in shaky))
+    return out
+
+
+def _once(v: Verdict) -> list[str]:
+    once = [m for m in v.matches if m.cand.once or m.base.once]
+    if not once:
+        return []
+    if len(once) == len(v.matches):
+        return ["measured once: no spread known"]
+    return ["measured once, no spread known, at concurrency "
+            + ", ".join(v.name_of(m.cand) for m in sorted(once, key=lambda m: m.cand.concurrency))]
+
+
+def _runs(base: Result, cand: Result) -> str | None:
+    b, c = base.source.run, cand.source.run
+    if b is None or c is None or b == c:
+        return None
+    return f"baseline from run #{b}, candidate from run #{c}"
+
+
 # --- output --------------------------------------------------------------------------------------
+
+def _windows_text(p: Point) -> str:
+    if p.once:
+        return "measured once"
+    return f"{p.windows} windows" if p.windows is not None else "windows not counted"
+
+
+def _match_note(m: Match, outcome: Outcome) -> str:
+    """'1.21-1.62, 5 windows vs 3 windows: win; 89 vs 63.6 tok/s'."""
+    spread = m.spread_text
+    head = (f"{spread}, {_windows_text(m.cand)} vs {_windows_text(m.base)}" if spread
+            else "measured once: no spread known")
+    text = f"{head}: {outcome}; {ft(m.cand.tok_s)} vs {ft(m.base.tok_s)} tok/s"
+    if m.base.level.concurrency != m.cand.level.concurrency:
+        text += (f", baseline at concurrency {m.base.level.concurrency} "
+                 f"({fc(m.base.concurrency)} in flight)")
+    return text
+
 
 def record(ctx: Context, v: Verdict) -> None:
     """The candidate's findings, verdict first (the board shows the first ones)."""
@@ -586,105 +1071,223 @@ def record(ctx: Context, v: Verdict) -> None:
         + (f" (the {acc.reported:.0%} reported is {acc.definition})"
            if acc.reported is not None and acc.definition != "strict" else "")]
     ctx.finding(f"{n}.verdict", v.verdict, note="; ".join(summary + v.notes) or None)
-    ctx.finding(f"{n}.pays", v.pays)
-    if v.c1 is not None:
-        ctx.finding(f"{n}.speedup_c1", round(v.c1.speedup, 3), "x",
-                    f"{v.c1.cand.level.output_tok_s:g} vs {v.c1.base.level.output_tok_s:g} tok/s")
-    if v.peak is not None and v.speedup_peak is not None:
-        cp, bp = v.peak
-        ctx.finding(f"{n}.speedup_peak", round(v.speedup_peak, 3), "x",
-                    f"{cp.level.output_tok_s:g} tok/s at c={cp.level.concurrency} "
-                    f"({fc(cp.concurrency)} in flight) vs {bp.level.output_tok_s:g} at "
-                    f"c={bp.level.concurrency}"
-                    + ("" if v.peak_comparable else "; candidate not run that high"))
-    if v.loses_above is not None:
-        ctx.finding(f"{n}.loses_above", round(v.loses_above, 3), "requests in flight")
+    ctx.finding(f"{n}.pays", v.pays, note="wins at some concurrency, loses at none, and no "
+                                          "measurement problem")
+    if v.matches:
+        keys: tuple[tuple[Outcome, str], ...] = (
+            ("win", "wins_at"), ("even", "even_at"), ("loss", "loses_at"))
+        for outcome, key in keys:
+            ctx.finding(f"{n}.{key}", ", ".join(str(m.cand.level.concurrency)
+                                                for m in v.at(outcome)),
+                        note="requested concurrencies")
+        for m in sorted(v.matches, key=lambda m: m.cand.level.concurrency):
+            ctx.finding(f"{n}.speedup_c{m.cand.level.concurrency}", round(m.speedup, 3), "x",
+                        _match_note(m, v.outcome(m)))
+    if (pk := v.peak) is not None:
+        ctx.finding(f"{n}.speedup_peak", round(pk.speedup, 3), "x",
+                    f"at concurrency {pk.cand.level.concurrency}, the baseline's peak "
+                    f"({ft(pk.base.tok_s)} tok/s); {_match_note(pk, v.outcome(pk))}")
     ctx.finding(f"{n}.capped", v.capped, note=v.cap_note)
     if acc is not None:
-        ctx.finding(f"{n}.accept_length", round(acc.tau, 4), "tokens/step",
-                    f"tau incl. bonus token, from {acc.source}")
-        ctx.finding(f"{n}.draft_tokens", acc.k, "tokens", "k drafts per verify step")
-        ctx.finding(f"{n}.acceptance", round(acc.strict, 4), "ratio", "(tau-1)/k")
-        ctx.finding(f"{n}.alpha", round(acc.alpha, 4), "ratio", "(1-a^(k+1))/(1-a) = tau")
-        if acc.reported is not None:
-            ctx.finding(f"{n}.acceptance_reported", acc.reported, "ratio",
-                        acc.notes[0] if acc.notes else None)
+        _record_acceptance(ctx, n, acc)
     if (be := v.break_even) is not None:
         ctx.finding(f"{n}.break_even_step_ms", round(be.step_budget_ms, 2), "ms",
-                    "tau * T_dec: a speculative step must be faster to win at c=1")
+                    "tau * T_dec: a speculative step must be faster to win at concurrency 1")
         ctx.finding(f"{n}.speedup_ceiling", round(be.ceiling, 3), "x", "tau")
 
 
-def _cell(value: float | None, fmt: str = "{:g}") -> str:
-    return "–" if value is None else fmt.format(value)
+def _record_acceptance(ctx: Context, n: str, acc: Acceptance) -> None:
+    ctx.finding(f"{n}.accept_length", round(acc.tau, 4), "tokens/step",
+                f"tau incl. bonus token, from {acc.source}")
+    ctx.finding(f"{n}.draft_tokens", acc.k, "tokens", "k drafts per verify step")
+    ctx.finding(f"{n}.acceptance", round(acc.strict, 4), "ratio", "(tau-1)/k")
+    if acc.alpha is not None:
+        ctx.finding(f"{n}.alpha", round(acc.alpha, 4), "ratio", "(1-a^(k+1))/(1-a) = tau")
+    if acc.reported is not None:
+        ctx.finding(f"{n}.acceptance_reported", acc.reported, "ratio",
+                    acc.notes[0] if acc.notes else None)
+
+
+def _speedup_cell(m: Match | None, v: Verdict) -> str:
+    if v.differ:
+        return "not comparable"
+    if m is None:
+        return "not measured"
+    return fx(m.speedup) + (f" ({m.spread_text})" if m.spread_text else "")
+
+
+def _tok_cell(p: Point) -> str:
+    """'410 (401-417, 5)', or '89, once' (measured once); 'unstable' where windows disagreed."""
+    lo, hi = p.bounds
+    text = f"{ft(p.tok_s)}, once" if p.once else (
+        f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}, {p.windows if p.windows is not None else '?'})")
+    return text + (" unstable" if p.level.stable is False else "")
 
 
 def _pts_line(pts: list[Point]) -> str:
-    return ", ".join(f"{p.level.output_tok_s:g} tok/s at c={p.level.concurrency}"
+    return ", ".join(f"{ft(p.tok_s)} tok/s at concurrency {p.level.concurrency}"
                      + (f" ({fc(p.concurrency)} in flight)"
                         if abs(p.concurrency - p.level.concurrency) > 1e-9 else "")
                      for p in pts) or "no levels"
 
 
 def render(task_id: str, base: Result, verdicts: list[Verdict]) -> str:
-    """The run's report: one summary table, then each candidate's levels and reasoning."""
+    """The run's report: one summary table, each candidate's levels and reasoning, provenance."""
+    out = _summary(task_id, base, verdicts)
+    for v in verdicts:
+        out += _section(v)
+    out += _provenance(base, verdicts)
+    return "\n".join(out) + "\n"
+
+
+def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
     mrr = base.server.max_running_requests
+    bpts = points(base)
+    peak = max(bpts, key=lambda p: p.tok_s, default=None)
+    noise = verdicts[0].noise if verdicts else 0.03
+    tolerance = verdicts[0].tolerance if verdicts else 0.1
     out = [f"# {task_id}: speculative decoding against the baseline", "",
            f"Baseline **{base.label or 'baseline'}**"
            + (f" ({base.server.engine}" + (f", max_running_requests {mrr}" if mrr else "") + ")"
               if base.server.engine else "")
-           + f": {_pts_line(points(base))}.", "",
+           + f": {_pts_line(bpts)}.", "",
+           f"Levels are compared only with the same number of requests in flight (within "
+           f"{tolerance:.0%}). Speed-up = ratio of the medians over the measurement windows; "
+           "its interval = [candidate min / baseline max, candidate max / baseline min] (with n "
+           "windows, [min, max] covers a level's median with probability 1 - 2^(1-n): 75% for "
+           f"3, 94% for 5). A level is a win when the whole interval lies above 1 + {noise:.0%}, "
+           f"a loss when below 1 - {noise:.0%}, else even.", "",
            "Acceptance on one definition: accepted / proposed drafts = (tau-1)/k; alpha is the "
            "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau "
            "(serving-reference.md sections 0.1 and 4).", "",
-           "| candidate | verdict | c=1 | peak | capped | tau (k) | (tau-1)/k | alpha "
-           "| engine reported |",
+           "| candidate | verdict | concurrency 1 | at the baseline's peak"
+           + (f" (concurrency {peak.level.concurrency})" if peak else "")
+           + " | capped | tau (k) | (tau-1)/k | alpha | engine reported |",
            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for v in verdicts:
-        acc = v.acceptance
-        reported = "–"
-        if acc is not None and acc.reported is not None:
-            reported = f"{acc.reported:.0%} ({acc.definition})"
         out.append("| " + " | ".join([
-            v.name, v.verdict, _cell(v.c1.speedup if v.c1 else None, "{:.2f}x"),
-            _cell(v.speedup_peak, "{:.2f}x"),
-            (f"yes, {v.result.server.max_running_requests}" if v.capped and
-             v.result.server.max_running_requests else "yes" if v.capped else "no"),
-            f"{acc.tau:.2f} ({acc.k})" if acc else "–",
-            f"{acc.strict:.1%}" if acc else "–", f"{acc.alpha:.3f}" if acc else "–",
-            reported]) + " |")
-    for v in verdicts:
-        out += ["", f"## {v.name}" + (f": {v.result.label}" if v.result.label else ""), "",
-                f"**{v.verdict}**", "", f"Measured: {_pts_line(v.points)}."]
-        if v.points:
-            out += ["", "| c requested | in flight | tok/s | baseline tok/s | speed-up "
-                        "| tok/s per request | spec step / decode step |",
-                    "| --- | --- | --- | --- | --- | --- | --- |"]
-            by_cand = {id(m.cand): m for m in v.matches}
-            for p in v.points:
-                m = by_cand.get(id(p))
-                cost = (v.acceptance.tau / m.speedup
-                        if m is not None and v.acceptance is not None else None)
-                out.append("| " + " | ".join([
-                    str(p.level.concurrency), fc(p.concurrency) + ("*" if p.inferred else ""),
-                    f"{p.level.output_tok_s:g}",
-                    f"{m.base.level.output_tok_s:g}" if m else "no level at this concurrency",
-                    _cell(m.speedup if m else None, "{:.2f}x"), f"{p.per_request:.1f}",
-                    _cell(cost, "{:.2f}")]) + " |")
-            if any(p.inferred for p in v.points):
-                out.append("\n\\* in flight not measured: taken as the server's "
-                           "max_running_requests")
-        bullets = [f"- **Capped.** {v.cap_note}."] if v.cap_note else []
-        if (acc := v.acceptance) is not None:
-            bullets.append(
-                f"- **Acceptance.** tau = {acc.tau:.2f} with k = {acc.k} (from {acc.source}): "
-                f"(tau-1)/k = {acc.strict:.1%} accepted/proposed, alpha = {acc.alpha:.3f}"
-                + "".join(f"; {n}" for n in acc.notes) + ".")
-            if v.break_even is not None:
-                bullets.append(f"- **Break-even (section 4).** {v.break_even.text(acc)}.")
-        bullets += [f"- {n}." for n in v.notes if acc is None or n not in acc.notes]
-        out += ["", *bullets] if bullets else []
-    return "\n".join(out) + "\n"
+            v.name, v.verdict, _speedup_cell(v.c1, v), _speedup_cell(v.peak, v),
+            _capped_cell(v), *_acceptance_cells(v.acceptance)]) + " |")
+    return out
+
+
+def _capped_cell(v: Verdict) -> str:
+    mrr = v.result.server.max_running_requests
+    return f"yes, {mrr}" if v.capped and mrr else "yes" if v.capped else "no"
+
+
+def _acceptance_cells(acc: Acceptance | None) -> list[str]:
+    if acc is None:
+        return ["–"] * 4
+    reported = "–" if acc.reported is None else f"{acc.reported:.0%} ({acc.definition})"
+    return [f"{acc.tau:.2f} ({acc.k})", f"{acc.strict:.1%}",
+            "–" if acc.alpha is None else f"{acc.alpha:.3f}", reported]
+
+
+def _section(v: Verdict) -> list[str]:
+    out = ["", f"## {v.name}" + (f": {v.result.label}" if v.result.label else ""), "",
+           f"**{v.verdict}**", "", f"Measured: {_pts_line(v.points)}."]
+    if v.points:
+        out += ["", "| concurrency | in flight | tok/s (median, interval, windows) "
+                    "| baseline tok/s | speed-up (interval) | outcome | spec step / decode step |",
+                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += _level_rows(v)
+        out += _footnotes(v)
+    return out + _bullets(v)
+
+
+def _level_rows(v: Verdict) -> list[str]:
+    """Each candidate level; and each baseline level no candidate level matched, 'not
+    measured' (the baseline's peak among them, if so), so nothing is compared across levels."""
+    by_cand = {id(m.cand): m for m in v.matches}
+    matched_base = {id(m.base) for m in v.matches}
+    rows: list[tuple[float, list[str]]] = []
+    for p in v.points:
+        m = by_cand.get(id(p))
+        base_cell = ("not comparable" if v.differ else _tok_cell(m.base) if m
+                     else f"no level with {fc(p.concurrency)} in flight")
+        rows.append((p.concurrency, [
+            str(p.level.concurrency), fc(p.concurrency) + ("*" if p.inferred else ""),
+            _tok_cell(p), base_cell, _speedup_cell(m, v) if m or v.differ else "–",
+            v.outcome(m) if m else "not compared", _cost_cell(v, m)]))
+    if not v.differ:
+        for b in v.base_points:
+            if id(b) not in matched_base:
+                peak = " (peak)" if b is v.base_peak else ""
+                rows.append((b.concurrency, [str(b.level.concurrency), fc(b.concurrency),
+                                             "not measured", _tok_cell(b) + peak, "–",
+                                             "not measured", "–"]))
+    return ["| " + " | ".join(cells) + " |" for _, cells in sorted(rows, key=lambda r: r[0])]
+
+
+def _cost_cell(v: Verdict, m: Match | None) -> str:
+    cost = None if m is None else v.step_cost(m)
+    if cost is None or v.acceptance is None:
+        return "–"
+    limit = v.step_limit(v.acceptance)
+    return f"{cost:.2f}" + (f" > {limit:.3g}" if cost > limit * (1 + v.noise) else "")
+
+
+def _footnotes(v: Verdict) -> list[str]:
+    pts = v.points + [m.base for m in v.matches]
+    notes = []
+    if any(p.inferred for p in v.points):
+        notes.append("\\* in flight not measured: taken as the server's max_running_requests")
+    if any(p.once for p in pts):
+        notes.append(f"once: measured once: no spread known (an orch.bench/v1 result or a "
+                     f"single window); the outcome rests on the ±{v.noise:.0%} noise margin "
+                     "alone")
+    if any(p.level.stable is False for p in pts):
+        notes.append("unstable: the last windows did not agree within bench.serve's stability "
+                     "threshold")
+    return ["", *notes] if notes else []
+
+
+def _bullets(v: Verdict) -> list[str]:
+    bullets = [f"- **{PROBLEM}.** {p}." for p in v.problems]
+    bullets += [f"- **Capped.** {v.cap_note}."] if v.cap_note else []
+    if (acc := v.acceptance) is not None:
+        bullets.append(
+            f"- **Acceptance.** tau = {acc.tau:.2f} with k = {acc.k} (from {acc.source}): "
+            f"(tau-1)/k = {acc.strict:.1%} accepted/proposed"
+            + ("" if acc.alpha is None else f", alpha = {acc.alpha:.3f}")
+            + "".join(f"; {n}" for n in acc.notes) + ".")
+        if v.break_even is not None:
+            bullets.append(f"- **Break-even (section 4).** {v.break_even.text(acc)}.")
+    shown = set(acc.notes) if acc is not None else set()
+    bullets += [f"- {n}." for n in v.notes if n not in shown]
+    return ["", *bullets] if bullets else []
+
+
+def _provenance(base: Result, verdicts: list[Verdict]) -> list[str]:
+    out = ["", "## Provenance", ""]
+    for role, result in [("baseline", base), *((v.name, v.result) for v in verdicts)]:
+        out.append(f"- **{role}**" + (f" ({result.label})" if result.label else "")
+                   + f": {_where(result)}")
+        for lv in result.levels:
+            out += [f"  - rejected at concurrency {lv.concurrency}: {why}"
+                    for why in lv.rejected or []]
+    return out
+
+
+def _where(result: Result) -> str:
+    """Run, task and time; file; engine, version and resolved settings; benchmark settings."""
+    src, srv = result.source, result.server
+    parts = [", ".join(x for x in (
+        f"run #{src.run}" if src.run is not None else "run not recorded",
+        f"task {src.task}" if src.task else "", f"at {src.at}" if src.at else "") if x),
+        result.origin]
+    engine = " ".join(x for x in (srv.engine or "engine not recorded", srv.version or "") if x)
+    if srv.max_running_requests is not None:
+        engine += f", max_running_requests {srv.max_running_requests}"
+    parts.append(engine)
+    if srv.settings:
+        parts.append("settings: " + ", ".join(f"{k}={_value(v)}"
+                                              for k, v in sorted(srv.settings.items())))
+    parts.append("benchmark: " + (", ".join(f"{k}={_value(v)}"
+                                            for k, v in sorted(result.benchmark.items()))
+                                  or "not recorded"))
+    return "; ".join(parts)
 
 
 class AnalyzeCompare(Task[CompareParams]):
@@ -698,7 +1301,7 @@ class AnalyzeCompare(Task[CompareParams]):
         if not base.levels:
             raise TaskError("baseline: no levels, nothing to compare against")
         verdicts = [compare(name, load_result(src, f"candidate {name}"), base, p.noise,
-                            p.match_tolerance)
+                            p.match_tolerance, p.max_draft_cost)
                     for name, src in p.candidates.items()]
         report = (ctx.log_path.parent / f"{ctx.task_id}.md").resolve()
         text = render(ctx.task_id, base, verdicts)
