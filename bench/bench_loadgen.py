@@ -93,14 +93,15 @@ def vllm(url: str, dataset: Path, concurrency: int, requests: int, out: Path) ->
 def client_main(url: str, dataset: str, concurrency: int, requests: int, out: str) -> None:
     """The child side: bench.serve's own level runner, nothing else."""
     sys.path.insert(0, str(ROOT))
-    from tasks.loadgen import BenchParams, Target, load_prompts, run_level, summarize_level
+    from tasks.loadgen import BenchParams, Target, load_prompts, measure_level, summarize_level
 
+    # One window of all the requests: what `vllm bench serve` measures.
     p = BenchParams(url=url, dataset=dataset, requests=requests, warmup=1,
-                    output_tokens=OUTPUT_TOKENS)
+                    output_tokens=OUTPUT_TOKENS, min_windows=1, max_windows=1)
     target = Target(url, "production", "openai", "vllm", {})
-    outcomes, duration = asyncio.run(run_level(target, load_prompts(p), p, concurrency,
-                                               lambda: None))
-    Path(out).write_text(json.dumps(summarize_level(concurrency, outcomes, duration)))
+    (window,) = asyncio.run(measure_level(target, load_prompts(p), p, concurrency, None)).windows
+    Path(out).write_text(json.dumps(summarize_level(concurrency, window.outcomes,
+                                                    window.duration)))
 
 
 def figures_ours(path: Path) -> dict[str, float]:

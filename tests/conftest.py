@@ -16,6 +16,30 @@ from pathlib import Path
 import pytest
 
 ORCH = str(Path(sys.executable).parent / "orch")
+# Every process a test starts inherits this (run_orch, start_orch, subprocess, the servers orch
+# launches): after the session, none may be alive (pytest_sessionfinish below).
+SESSION_MARK = ("ORCH_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
+os.environ[SESSION_MARK[0]] = SESSION_MARK[1]
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session if any process the tests started is still alive; end them."""
+    from orchestrator.process import marked, terminate_pids
+
+    time.sleep(0.2)  # a process killed just before the end may still be exiting
+    left = [pid for pid in marked(SESSION_MARK) if pid != os.getpid()]
+    if not left:
+        return
+    names = []
+    for pid in left:
+        try:
+            names.append(f"{pid} {Path(f'/proc/{pid}/cmdline').read_bytes()[:120]!r}")
+        except OSError:
+            names.append(str(pid))
+    terminate_pids(left, grace=2.0)
+    sys.stderr.write("\nprocesses started by the tests outlived them (now ended):\n  "
+                     + "\n  ".join(names) + "\n")
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def run_orch(*args: str | Path, cwd: Path | None = None, timeout: float = 60,
