@@ -226,7 +226,6 @@ class Level(BaseModel):
     errors: int | None = None
     first_error: str | None = None
     unobserved: int | None = Field(None, description="answers whose tokens came in one read")
-    latency_withheld: str | None = Field(None, description="why TTFT/TPOT/ITL are not given")
     duration_s: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None

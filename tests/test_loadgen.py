@@ -92,21 +92,18 @@ def test_too_few_clean_windows_fail_the_level_with_the_reasons(pdir: PlanDir) ->
                             "requests failed"), error
 
 
-def test_tokens_all_sent_at_once_withhold_latency_instead_of_a_tpot_of_zero(
+def test_tokens_all_sent_at_once_are_measured_again_then_fail_never_a_tpot_of_zero(
         pdir: PlanDir) -> None:
-    plan = pdir.write(bench_plan("--burst", min_windows=1))
+    plan = pdir.write(bench_plan("--burst", min_windows=1, max_windows=2))
     r = run_orch("run", plan, cwd=pdir.root)
-    assert r.returncode == 0, r.stderr
-    got = findings(plan, "bench")
-    assert "c1.tpot_ms" not in got and "c4.tpot_ms" not in got  # never a TPOT of 0
-    assert got["c1.latency"] == "withheld"
-    note = next(f["note"] for f in _rows(plan) if f["key"] == "c1.latency")
-    assert note.startswith("8 of 8 answers arrived with every token in one read (TTFT = "
-                           "end-to-end)")
-    for level in result_of(plan)["levels"]:
-        assert level["tpot_ms"] is None and level["ttft_ms"] is None and level["tpot"] == {}
-        assert level["unobserved"] == 8 and level["output_tok_s"] > 0  # throughput stands
-    assert "TTFT/TPOT withheld" in r.stderr
+    assert r.returncode == 1
+    assert "c=1 window 1 thrown away: 8 of 8 answers arrived with every token in one read" \
+        in r.stderr and "c=1 window 2 thrown away" in r.stderr
+    error = pdir.todo("bench")["last_error"]
+    assert error.startswith("c=1: only 0 clean window(s) of 2, 1 needed: window 1: 8 of 8 "
+                            "answers arrived with every token in one read (TTFT = "
+                            "end-to-end)"), error
+    assert "c1.tpot_ms" not in findings(plan, "bench")
 
 
 def test_answers_shorter_than_asked_fail_the_level_naming_the_numbers(pdir: PlanDir) -> None:
@@ -127,14 +124,17 @@ def outcome(ttft: float, latency: float, tokens: int = 4, asked: int = 4) -> Out
 
 
 def test_one_unobserved_answer_in_ten_is_left_out_of_the_latency_figures() -> None:
+    p = BenchParams(url="http://x", requests=10)
     window = [outcome(0.1, 0.4) for _ in range(9)] + [outcome(0.3, 0.3)]
     level = summarize_level(1, window, 4.0)
-    assert level["unobserved"] == 1 and "latency_withheld" not in level
+    assert level["unobserved"] == 1 and window_problems(level, window, 1, p) == ([], None)
     assert level["tpot_ms"] == pytest.approx(100.0)  # (0.4 - 0.1) / 3, the burst left out
     assert level["ttft_ms"] == pytest.approx(100.0)
     assert level["e2e"]["p99"] > 0 and level["output_tokens"] == 40  # throughput counts it
-    two = summarize_level(1, window[:8] + [outcome(0.3, 0.3)] * 2, 4.0)
-    assert two["tpot_ms"] is None and "2 of 10 answers" in two["latency_withheld"]
+    two = window[:8] + [outcome(0.3, 0.3)] * 2
+    problems, fatal = window_problems(summarize_level(1, two, 4.0), two, 1, p)
+    assert fatal is None and len(problems) == 1
+    assert problems[0].startswith("2 of 10 answers arrived with every token in one read")
 
 
 def test_window_problems_retry_transient_and_fail_systematic_faults() -> None:
