@@ -9,7 +9,9 @@ knows nothing of what a resource is.
 
 Decision: nothing a plan started outlives `orch run` (at 2 a.m. a forgotten server holding
 eight GPUs is worse than relaunching one). The price is on resume: a completed task whose
-resource the engine ended is run again when a task that needs it has still to run.
+resource is not held now (the engine ended it, or a releasing task let it go) is run again
+when a task that needs it has still to run, and the releasers after those users
+(selection.py).
 """
 
 from __future__ import annotations

@@ -376,6 +376,9 @@ class Measured:
     windows: list[Window]
     rejected: list[str]
     stable: bool
+    # The engine's counters over the windows measured but not used (thrown away, or before the
+    # last agreeing ones): with the kept windows' they add up to the server's own totals.
+    unused_spec: list[dict[str, Any]] = field(default_factory=list)
 
 
 async def run_window(session: Any, target: Target, prompts: list[Prompt], p: BenchParams,
@@ -427,6 +430,7 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
                 raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
         kept: list[Window] = []
         rejected: list[str] = []
+        unused_spec: list[dict[str, Any]] = []
         for number in range(1, p.max_windows + 1):
             label = f"c={concurrency} window {number}"
             scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
@@ -437,15 +441,16 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
             problems, fatal = window_problems(figures, outcomes, concurrency, p)
             if fatal:
                 raise TaskError(f"c={concurrency}: {fatal}")
-            if problems:
-                rejected.append(f"window {number}: {'; '.join(problems)}")
-                say(f"{label} thrown away: {'; '.join(problems)}")
-                continue
             if target.api == "sglang":
                 spec = sglang_acceptance(outcomes, k)
             else:
                 after = await asyncio.to_thread(_counters, target.url) if before else {}
                 spec = vllm_acceptance(before, after) if before else None
+            if problems:
+                rejected.append(f"window {number}: {'; '.join(problems)}")
+                unused_spec += [spec] if spec else []
+                say(f"{label} thrown away: {'; '.join(problems)}")
+                continue
             kept.append(Window(outcomes, duration, figures, spec))
             last = [w.figures["output_tok_s"] for w in kept[-p.min_windows:]]
             settled = len(kept) >= p.min_windows and spread(last) <= p.stability
@@ -453,11 +458,12 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
                 + (f"the last {len(last)} agree within {spread(last):.1%}" if settled else
                    f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"))
             if settled:
-                return Measured(kept[-p.min_windows:], rejected, True)
+                unused_spec += [w.spec for w in kept[:-p.min_windows] if w.spec]
+                return Measured(kept[-p.min_windows:], rejected, True, unused_spec)
     if len(kept) < p.min_windows:
         raise TaskError(f"c={concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
                         f"{p.min_windows} needed: " + "; ".join(rejected))
-    return Measured(kept, rejected, False)
+    return Measured(kept, rejected, False, unused_spec)
 
 
 def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
@@ -480,6 +486,8 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
                     for w in windows])
     if spec := combine([{"spec": w.spec} for w in windows if w.spec]):
         level["spec"] = spec
+    if unused := combine([{"spec": s} for s in measured.unused_spec]):
+        level["spec_unused"] = unused
     return level
 
 

@@ -15,8 +15,10 @@ The server outlives the task: it is held as a resource (orchestrator/resources.p
 
 Supervisors: a transient systemd unit (`systemd-run --collect`, KillMode=mixed: SIGTERM to the
 main process, then SIGKILL to the whole control group) where systemd runs, else a process
-group of its own (SIGTERM to the group, SIGKILL after `stop_timeout`). Either way every
-process the engine forks is ended: killing the API process alone leaves vLLM's EngineCore and
+group of its own whose every process carries the ORCH_SERVER environment marker (SIGTERM to
+every marked process on the host, SIGKILL after `stop_timeout`, scanned again until none is
+left, so one that left the group with `setsid` is ended too). Either way every process the
+engine forks is ended: killing the API process alone leaves vLLM's EngineCore and
 SGLang's schedulers holding the GPUs (section 7.1). A unit starts with systemd's clean
 environment: PATH and the task's `env` are passed, nothing else of orch's (set CUDA_*, HF_* and
 the like in `env`); a process group inherits orch's environment plus `env`.

@@ -5,24 +5,13 @@ HTTP server process (tests/openai_stub.py)."""
 from __future__ import annotations
 
 import json
-import os
-import signal
 import sys
 from pathlib import Path
 
-import pytest
-
 from conftest import PlanDir, free_port, run_orch
-from test_servers import STUB, findings, marked_processes
+from test_servers import STUB, findings, no_server_left
 
-
-@pytest.fixture(autouse=True)
-def no_server_left(tmp_path: Path) -> object:
-    yield
-    left = marked_processes(tmp_path)
-    for pid in left:
-        os.kill(pid, signal.SIGKILL)
-    assert not left, f"server processes left running: {left}"
+__all__ = ["no_server_left"]  # the autouse fixture: no server process outlives a test
 
 
 def launch(task_id: str, port: int, needs: str = "[]") -> str:
