@@ -137,6 +137,14 @@ def test_one_unobserved_answer_in_ten_is_left_out_of_the_latency_figures() -> No
     assert problems[0].startswith("2 of 10 answers arrived with every token in one read")
 
 
+def test_one_unobserved_answer_in_a_small_window_does_not_throw_it_away() -> None:
+    p = BenchParams(url="http://x", requests=8)
+    window = [outcome(0.1, 0.4) for _ in range(7)] + [outcome(0.3, 0.3)]
+    assert window_problems(summarize_level(1, window, 4.0), window, 1, p) == ([], None)
+    two = window[:6] + [outcome(0.3, 0.3)] * 2
+    assert len(window_problems(summarize_level(1, two, 4.0), two, 1, p)[0]) == 1
+
+
 def test_window_problems_retry_transient_and_fail_systematic_faults() -> None:
     p = BenchParams(url="http://x", requests=8)
     failed = Outcome(ok=False, error="HTTP 503: busy")

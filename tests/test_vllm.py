@@ -168,11 +168,16 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         store = pd.store_path("rehearsal")
         args = ["run", ROOT / "plans/rehearsal.yaml", "--store", store,
                 "--var", f"servers={SERVERS}", "--var", f"production_port={production_port}",
-                "--var", f"port={port}", "--var", "requests=8", "--var", "concurrency=[1, 4]",
-                "--var", "max_windows=4"]
+                "--var", f"port={port}", "--var", "requests=8", "--var", "concurrency=[1, 4]"]
         orch = start_orch(*args, cwd=ROOT)
-        wait_for(lambda: pd.status_of("launch_noisy", "rehearsal") == "in_progress", timeout=400,
-                 what="the second launch")
+
+        def second_launch() -> bool:
+            if orch.poll() is not None:  # a run that ended early must not be waited for
+                raise AssertionError(f"orch ended (exit {orch.returncode}) before the second "
+                                     f"launch: {orch.communicate()[1][-3000:]}")
+            return pd.status_of("launch_noisy", "rehearsal") == "in_progress"
+
+        wait_for(second_launch, timeout=600, what="the second launch")
         os.killpg(orch.pid, signal.SIGKILL)
         orch.communicate()
         assert production.wait(timeout=10) is not None  # production was stopped by step one
