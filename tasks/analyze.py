@@ -234,6 +234,8 @@ class Level(BaseModel):
     itl: dict[str, float] | None = None
     e2e: dict[str, float] | None = None
     spec: dict[str, Any] | None = None
+    spec_unused: dict[str, Any] | None = Field(
+        None, description="the engine's counters over windows measured but not used")
 
 
 class Server(BaseModel):
