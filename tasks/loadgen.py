@@ -38,10 +38,9 @@ Artifacts, checked in every window before it counts (decisions):
   engine process (a client at nice -20 still sees them; the API server at nice -20 does not),
   and the windows that show them also show the server's throughput collapsing (one level
   ranged 283-670 tok/s where its neighbours held within 15%). So a window where more than
-  `MAX_UNOBSERVED` of the answers (and more than one) were not observed is thrown away and
-  measured again; below
-  that, those answers count for throughput and end-to-end latency but are left out of TTFT,
-  TPOT and ITL (`unobserved` says how many). Never a TPOT of 0.
+  `MAX_UNOBSERVED` of the answers, and more than one, were not observed is thrown away and
+  measured again; below that, those answers count for throughput and end-to-end latency but
+  are left out of TTFT, TPOT and ITL (`unobserved` says how many). Never a TPOT of 0.
 
 Speculative decoding is measured from the engine's own counters, taken before and after each
 window (warm-up excluded; the kept windows' differences summed): vLLM's `vllm:spec_decode_*`
@@ -80,9 +79,10 @@ WORDS = [
     "five", "six", "seven", "eight", "nine", "ten", "zero"
 ]
 VLLM_SPEC = "vllm:spec_decode_"
-MAX_UNOBSERVED = 0.1  # share of answers without token timing above which a window is redone
-# ... but one such answer never is: in a window of 8 (the rehearsal's) 10% would throw away
-# every window that has one, and on a 2-core host most do.
+# Share of answers without token timing above which a window is redone; one such answer never
+# is: in a window of 8 (the rehearsal's) 10% would throw away every window that has one, and on
+# a 2-core host most do.
+MAX_UNOBSERVED = 0.1
 HEADLINE = ("output_tok_s", "tpot_ms", "ttft_ms", "achieved_concurrency")  # per-window figures
 
 
