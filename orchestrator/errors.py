@@ -79,5 +79,26 @@ class Interrupted(KeyboardInterrupt):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """` (did you mean 'x'?)` for the closest choice, or nothing."""
+    if len(word) > MAX_SUGGEST_CHARS:  # no name is this long, and difflib is quadratic in it
+        return ""
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+MAX_SUGGEST_CHARS = 128
+
+
+class Suggester:
+    """did_you_mean for one load, with a budget of candidates compared: each call costs
+    O(choices), so thousands of unknown names among thousands of ids would be O(n^2). A small
+    plan never runs out; past the budget, errors come without a suggestion."""
+
+    def __init__(self, budget: int = 20_000) -> None:
+        self.budget = budget
+
+    def __call__(self, word: str, choices: Iterable[str]) -> str:
+        candidates = list(choices)
+        if len(candidates) > self.budget:
+            return ""
+        self.budget -= len(candidates)
+        return did_you_mean(word, candidates)

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import math
 import re
-import shlex
 from dataclasses import dataclass
 
 FindingValue = int | float | str | bool
 
 FINDING_PREFIX = "::finding "
+MAX_FINDING_LINE = 64 * 1024  # characters; a longer line is refused unread, not parsed
+REJECTED_KEY = "rejected_finding"
 
 
 @dataclass(frozen=True)
@@ -30,25 +31,74 @@ def parse_finding_line(line: str) -> Finding | None:
 
     Form: `::finding KEY=VALUE [unit=UNIT] [note=TEXT]`, words quoted as in a shell, e.g.
     `echo "::finding throughput=2370 unit=tok/s note='peak at c=128'"`.
+
+    A line over MAX_FINDING_LINE characters gives a `rejected_finding` whose value is the key
+    it meant to set and whose note says why, so the loss shows on the board.
     """
     if not line.startswith(FINDING_PREFIX):
         return None
-    try:
-        words = shlex.split(line[len(FINDING_PREFIX):])
-    except ValueError:
+    if len(line) > MAX_FINDING_LINE:
+        meant = re.match(r"[^\s=]{1,128}(?==)", line[len(FINDING_PREFIX):])
+        return Finding(REJECTED_KEY, meant.group() if meant else "", None,
+                       f"a ::finding line of {len(line):,} characters, over the limit of "
+                       f"{MAX_FINDING_LINE:,}; not recorded")
+    words = split_words(line[len(FINDING_PREFIX):])
+    if words is None:
         return None
     if not words or "=" not in words[0]:
         return None
     key, raw = words[0].split("=", 1)
-    extras: dict[str, str] = {}
+    extras: dict[str, list[str]] = {}  # word lists, joined once: `+=` would be quadratic
     last = ""
     for word in words[1:]:
         name, sep, value = word.partition("=")
         if sep and name in ("unit", "note"):
-            extras[last := name] = value
+            extras[last := name] = [value]
         elif last == "note":  # `echo ::finding x=1 note=no speedup`: the shell ate the quotes
-            extras["note"] += " " + word
-    return Finding(key, coerce_value(raw), extras.get("unit"), extras.get("note"))
+            extras["note"].append(word)
+    unit, note = (" ".join(extras[k]) if k in extras else None for k in ("unit", "note"))
+    return Finding(key, coerce_value(raw), unit, note)
+
+
+def split_words(text: str) -> list[str] | None:
+    """Words as `shlex.split` (POSIX, no comments) makes them, or None where it would raise
+    (an open quote, a trailing backslash). One regex pass: shlex is quadratic on long lines."""
+    if _QUOTING.search(text) is None:  # the common line: plain words
+        return [w for w in _SPACE.split(text) if w]
+    words: list[str] = []
+    word: list[str] = []
+    in_word = False  # a word may be empty: `''`
+    for m in _PIECE.finditer(text):
+        kind = m.lastgroup
+        if kind == "space":
+            if in_word:
+                words.append("".join(word))
+                word, in_word = [], False
+            continue
+        in_word = True
+        if kind == "bare":
+            word.append(m.group())
+        elif kind == "single":
+            word.append(m.group()[1:-1])
+        elif kind == "double":  # inside "...", a backslash escapes only `"` and itself
+            word.append(_DOUBLE_ESCAPE.sub(r"\1", m.group()[1:-1]))
+        elif kind == "escape":  # an escaped character outside quotes stands for itself
+            word.append(m.group()[1])
+        else:  # a quote never closed, or a backslash at the end
+            return None
+    if in_word:
+        words.append("".join(word))
+    return words
+
+
+# shlex's whitespace is exactly these four; `\s` would also split at \f, \v and Unicode spaces.
+# Possessive quantifiers: an unclosed quote fails in one pass, without backtracking.
+_SPACE = re.compile(r"[ \t\r\n]+")
+_QUOTING = re.compile(r"""['"\\]""")
+_PIECE = re.compile(r"""(?P<space>[ \t\r\n]+)|(?P<bare>[^ \t\r\n'"\\]+)|(?P<single>'[^']*+')"""
+                    r"""|(?P<double>"(?:[^"\\]++|\\.)*+")|(?P<escape>\\.)|(?P<bad>.)""",
+                    re.DOTALL)
+_DOUBLE_ESCAPE = re.compile(r'\\(["\\])')
 
 
 def coerce_value(raw: str) -> FindingValue:

@@ -1,4 +1,9 @@
-"""YAML loading that remembers where every value came from, so errors can name the line."""
+"""YAML loading that remembers where every value came from, so errors can name the line.
+
+Input is bounded before anything is built (see `check_bounds`): a plan is small, hand-written
+text, so the limits below are far above any real plan yet keep a hostile one (an alias bomb, a
+10,000-deep list, a megabyte scalar) to a plan error in milliseconds.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +19,11 @@ from .errors import PlanError, PlanIssue
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 Path_ = tuple[str | int, ...]
+
+MAX_PLAN_BYTES = 1024 * 1024  # the repo's largest plan is ~5 KB
+MAX_DEPTH = 32  # nested mappings/lists, aliases expanded; real plans nest 4-5 deep
+MAX_VALUES = 100_000  # every key, value and item, each alias counted as all it stands for
+MAX_SCALAR_CHARS = 64 * 1024  # one key or value: a long command still fits
 
 
 @dataclass
@@ -40,12 +50,18 @@ def load_yaml(path: Path) -> Located:
     """Parse `path`; a syntax error becomes a PlanError naming file and line."""
     file = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:  # read no more than the limit: the file may be /dev/zero
+            raw = f.read(MAX_PLAN_BYTES + 1)
+        text = raw.decode("utf-8")
     except OSError as exc:
         raise PlanError([PlanIssue(file, None, f"cannot read the plan: {exc.strerror}")]) from None
     except UnicodeDecodeError:
         raise PlanError([PlanIssue(file, None, "the plan is not UTF-8 text")]) from None
+    if len(raw) > MAX_PLAN_BYTES:
+        raise PlanError([PlanIssue(file, None, f"the plan is larger than {MAX_PLAN_BYTES >> 20} MiB"
+                                   "; a plan is hand-written text, put data in files it names")])
     try:
+        check_bounds(text, file)
         node = yaml.compose(text, Loader=_Loader)
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
@@ -69,6 +85,61 @@ def load_yaml(path: Path) -> Located:
     except (TypeError, ValueError, RecursionError) as exc:  # `? [a, b]`, a self-referring alias
         raise PlanError([PlanIssue(file, None, f"unsupported YAML: {exc}")]) from None
     return located
+
+
+def check_bounds(text: str, file: str) -> None:
+    """Refuse deep nesting, huge scalars and alias bombs from the event stream, before any
+    node is built: libyaml's parser is iterative and this pass stops at the first excess, so
+    time and memory stay bounded. Each anchor's expanded size and depth are kept, so an alias
+    costs what it stands for without being expanded."""
+    # Per open collection: [values in it, itself included; levels of nesting, itself included;
+    # its anchor]. `anchors` holds the same for each finished anchor.
+    stack: list[list[Any]] = []
+    anchors: dict[str, tuple[int, int]] = {}
+    total = 0
+
+    def fail(event: yaml.Event, message: str) -> PlanError:
+        mark = event.start_mark
+        return PlanError([PlanIssue(file, mark.line + 1 if mark else None, message)])
+
+    def count(event: yaml.Event, values: int, levels: int, alias: bool = False) -> None:
+        nonlocal total
+        total += values
+        if total > MAX_VALUES:
+            raise fail(event, f"the plan has more than {MAX_VALUES:,} values (an alias counts "
+                       "as all it stands for): is it an alias bomb?")
+        if len(stack) + levels > MAX_DEPTH:
+            raise fail(event, f"nested more than {MAX_DEPTH} levels deep"
+                       + (" (aliases expanded)" if alias else ""))
+
+    def close(values: int, levels: int) -> None:
+        if stack:
+            stack[-1][0] += values
+            stack[-1][1] = max(stack[-1][1], levels + 1)
+
+    for event in yaml.parse(text, Loader=_Loader):
+        if isinstance(event, yaml.CollectionStartEvent):
+            count(event, 1, 1)
+            stack.append([1, 1, event.anchor])
+        elif isinstance(event, yaml.CollectionEndEvent):
+            values, levels, anchor = stack.pop()
+            if anchor is not None:
+                anchors[anchor] = (values, levels)
+            close(values, levels)
+        elif isinstance(event, yaml.ScalarEvent):
+            if len(event.value) > MAX_SCALAR_CHARS:
+                raise fail(event, f"a value of {len(event.value):,} characters; the limit is "
+                           f"{MAX_SCALAR_CHARS:,} (put long text in a file)")
+            count(event, 1, 0)
+            if event.anchor is not None:
+                anchors[event.anchor] = (1, 0)
+            close(1, 0)
+        elif isinstance(event, yaml.AliasEvent):
+            if any(frame[2] == event.anchor for frame in stack):
+                raise fail(event, f"alias *{event.anchor} refers to a value that contains it")
+            if event.anchor in anchors:  # an undefined one is left to compose to report
+                count(event, *anchors[event.anchor], alias=True)
+                close(*anchors[event.anchor])
 
 
 class _DuplicateKey(Exception):
