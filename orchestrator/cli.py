@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from .errors import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, OrchError, PlanError, UsageError
+from .errors import (
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    OrchError,
+    PlanError,
+    StoreError,
+    UsageError,
+)
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -44,6 +52,19 @@ class OrchGroup(click.Group):
         except OrchError as exc:
             click.echo(f"orch: {exc}", err=True)
             ctx.exit(exc.exit_code)
+        except OSError as exc:  # a full disk writing a log, say: the storage's fault, no bug
+            from .store import STORAGE_ERRNOS
+
+            if exc.errno not in STORAGE_ERRNOS:
+                raise
+            click.echo(f"orch: {_describe_os_error(exc)}", err=True)
+            ctx.exit(EXIT_USAGE)
+
+
+def _describe_os_error(exc: OSError) -> str:
+    where = f" writing {exc.filename}" if exc.filename else ""
+    return (f"{exc.strerror}{where}: the run stopped, what the store recorded is intact; "
+            "fix the storage (free space), then run again")
 
 
 @click.group(cls=OrchGroup,
@@ -124,12 +145,57 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
                          else "info", plan_digest=digest)
     try:
         result = execute(plan, path, options)
+    except OrchError as exc:
+        _record_stop(path, str(exc))
+        raise
+    except OSError as exc:
+        fault = _storage_fault(path, exc)
+        if fault is None:
+            raise
+        _record_stop(path, fault)
+        raise StoreError(fault) from None
     except KeyboardInterrupt:
         # The board goes to stderr (stdout may be piped on); --json always to stdout.
         _show_status(path, plan, as_json, stream=None if as_json else sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
     _show_status(path, plan, as_json, stale=result.stale)
     sys.exit(result.exit_code)
+
+
+def _storage_fault(path: Path, exc: OSError) -> str | None:
+    """What an OSError that ended a run means, if the storage is to blame: the store or its
+    logs removed under the run (a task's log gone), a full or failing disk. None: a bug."""
+    from .store import STORAGE_ERRNOS, lost_message, runs_dir
+
+    if not path.exists():
+        return lost_message(path)
+    if exc.errno in STORAGE_ERRNOS:
+        return _describe_os_error(exc)
+    runs = runs_dir(path).absolute()
+    if exc.filename and Path(os.path.abspath(exc.filename)).is_relative_to(runs):
+        return (f"{exc.filename}: {exc.strerror}: orch's logs were removed or changed during "
+                "the run, so the run stopped; run again to retry what did not complete")
+    return None
+
+
+def _record_stop(path: Path, why: str) -> None:
+    """After a storage fault stopped this run, try to close it and mark its task interrupted,
+    so the board says why rather than "died"; where the store cannot take even that (still
+    full, gone, read-only), the next run or status closes the run as crashed."""
+    from .store import Store
+
+    try:
+        store = Store.open(path, create=False)
+    except OrchError:
+        return
+    try:
+        for r in store.open_runs():
+            if r["pid"] == os.getpid() and not store.readonly:
+                store.close_run(r["id"], "failed", f"the run stopped: {why}")
+    except OrchError:
+        pass
+    finally:
+        store.close()
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -187,13 +253,16 @@ def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool =
 
 def _close_dead_runs_if_free(store: Store) -> None:
     """If no run holds the lock, record the open runs that are dead, and their tasks."""
-    if not store.open_runs():
-        return
+    if store.readonly or not store.open_runs():
+        return  # a read-only store is shown as it is: a dead run stays open in it
     from .liveness import close_dead_runs
     from .lock import RunLock
 
     if RunLock(store.path).try_probe():
-        close_dead_runs(store, holding_lock=False)
+        try:
+            close_dead_runs(store, holding_lock=False)
+        except OrchError as exc:  # a full disk, say: the board is still worth showing
+            click.echo(f"orch: could not record the dead run ({exc})", err=True)
 
 
 def _stale_of(plan: Plan, rows: Any) -> dict[str, Any]:
@@ -308,6 +377,7 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
     from .process import tail
     from .status import Status
     from .store import runs_dir
+    from .terminal import clean
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -324,15 +394,17 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
         if path_only:
             click.echo(str(log))
             return
+        # On a terminal a process's escape sequences are removed; a pipe gets the exact log.
+        show = clean if sys.stdout.isatty() else str
         with log.open("rb") as f:
             if lines:  # only the end of the file is read: logs of a long load can be large
-                click.echo("\n".join(tail(log, lines)))
+                click.echo(show("\n".join(tail(log, lines))))
                 f.seek(0, os.SEEK_END)
             while chunk := f.read(1 << 16):
-                click.echo(chunk.decode("utf-8", "replace"), nl=False)
+                click.echo(show(chunk.decode("utf-8", "replace")), nl=False)
             while follow:
                 if chunk := f.read(1 << 16):
-                    click.echo(chunk.decode("utf-8", "replace"), nl=False)
+                    click.echo(show(chunk.decode("utf-8", "replace")), nl=False)
                     continue
                 now = store.todo(task_id)
                 if now is None or now["status"] != Status.IN_PROGRESS or now["log_path"] != str(
@@ -361,6 +433,7 @@ def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
       orch history --task install_sglang
     """
     from .board import iso
+    from .terminal import clean
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -374,7 +447,7 @@ def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
             for r in [] if as_json else rows:
                 click.echo(f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
                            f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} "
-                           f"{r['reason'] or ''}")
+                           f"{clean(r['reason'] or '', multiline=False)}")
             return
         runs = [dict(r) for r in store.runs(limit)]
     finally:
@@ -444,6 +517,9 @@ def _open_store(path: Path) -> Store:
 
 def main() -> NoReturn:
     """Console entry point."""
+    from .store import private_files
+
+    private_files()  # the store, lock and logs are the user's alone (tasks keep their umask)
     try:
         # Without standalone mode click returns the code of ctx.exit() instead of exiting.
         code = cli.main(standalone_mode=False)

@@ -6,13 +6,14 @@ process is taken over with no manual step; the file's text only names the holder
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import time
 from pathlib import Path
 
-from .errors import StoreLocked
+from .errors import StoreError, StoreLocked
 
 
 class RunLock:
@@ -22,8 +23,11 @@ class RunLock:
         self._holder: dict[str, object] = {}
 
     def acquire(self, holder: dict[str, object]) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # private: names the holder
+        except OSError as exc:
+            raise StoreError(f"cannot take the run lock {self.path}: {exc.strerror}") from None
         # `orch status` takes the lock for a moment to see whether a run is alive: retry
         # briefly, so such a glance is not mistaken for a live run.
         deadline = time.monotonic() + 0.5
@@ -49,8 +53,11 @@ class RunLock:
 
     def _write(self) -> None:
         assert self._fd is not None
-        os.ftruncate(self._fd, 0)
-        os.pwrite(self._fd, json.dumps(self._holder).encode(), 0)
+        # The text only names the holder for a refused run; the flock is the lock. A full disk
+        # must not fail the run here: the store's own writes report it, with what to do.
+        with contextlib.suppress(OSError):
+            os.ftruncate(self._fd, 0)
+            os.pwrite(self._fd, json.dumps(self._holder).encode(), 0)
 
     def try_probe(self) -> bool:
         """True if no live process holds the lock (taken and released at once)."""

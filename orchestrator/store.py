@@ -8,25 +8,109 @@ moment (a power cut may lose the last commits, never consistency); ~20 us per co
 
 Reads use the stdlib sqlite3 connection directly; sqlite-utils creates the schema. Why split:
 importing sqlite_utils costs ~70 ms, more than the whole start-up budget of `orch status`.
+
+Storage faults are outcomes (StoreError, exit 2), never tracebacks: an existing file that is
+empty, not SQLite, or fails `PRAGMA quick_check` is refused, never taken as new (a new store is
+built under a temporary name and linked into place, so a crash cannot leave a half-made one);
+every public method turns sqlite3 errors into a StoreError naming the file; each commit first
+checks that the path still names the file opened, so a store removed or replaced mid-run stops
+the run instead of recording into an unlinked inode. Where the file or its folder cannot be
+written, the store opens read-only (`mode=ro`, else `immutable=1`: see `_connect`) for the
+commands that only read. The store, its -wal/-shm (SQLite gives them the file's mode), the
+folder made for it and the runs folder are private: 0600/0700.
 """
 
 from __future__ import annotations
 
+import errno
+import functools
 import json
+import os
 import sqlite3
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import quote
 
 from .errors import StoreError
 from .findings import Finding, FindingValue
+from .redact import mask, mask_value
 from .status import ALLOWED, Status
 
 SCHEMA_VERSION = 2  # 2: resources
 BUSY_TIMEOUT_MS = 10_000
+SQLITE_MAGIC = b"SQLite format 3\x00"
+PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+# OSErrors that are the storage's fault, not a bug: reported as StoreError by the CLI.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
+# sqlite3 decodes its error messages as UTF-8: a damaged schema's bytes in one raise this.
+SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
+_RESTORE = "move it aside to start over (every task runs again), or restore a backup"
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# The schema: created from these, and checked against them at open (a damaged schema text can
+# pass quick_check and still lose a column).
+COLUMNS: dict[str, dict[str, type]] = {
+    "meta": {"key": str, "value": str},
+    "runs": {
+        "id": int, "plan_file": str, "started_at": float, "ended_at": float, "outcome": str,
+        "pid": int, "pid_started_at": float, "host": str, "boot_id": str, "argv": str,
+        "log_dir": str,
+    },
+    "todos": {
+        "id": str, "position": int, "title": str, "priority": str, "kind": str, "needs": str,
+        "in_plan": int, "status": str, "reason": str, "attempts": int, "spec_hash": str,
+        "spec": str, "started_at": float, "ended_at": float, "last_error": str,
+        "output_tail": str, "run_id": int, "log_path": str, "pgid": int,
+        "pgid_started_at": float, "updated_at": float,
+    },
+    "transitions": {
+        "seq": int, "task_id": str, "from_status": str, "to_status": str, "at": float,
+        "reason": str, "run_id": int, "attempt": int,
+    },
+    "findings": {
+        # bytes -> BLOB: no type affinity, so 42 stays an int and "42%" text.
+        "seq": int, "task_id": str, "attempt": int, "key": str, "value": bytes, "unit": str,
+        "note": str, "at": float, "run_id": int,
+    },
+    "resources": {
+        # data: JSON the holding kind needs to end it (pid, unit, log path ...).
+        "name": str, "task_id": str, "kind": str, "data": str, "run_id": int, "held_at": float,
+        "released_at": float, "released_by": str, "how": str,
+    },
+}
+_TABLE_OPTIONS: dict[str, dict[str, Any]] = {
+    "meta": {"pk": "key"},
+    "runs": {"pk": "id"},
+    "todos": {"pk": "id", "not_null": {"status", "title"},
+              "defaults": {"attempts": 0, "in_plan": 1}},
+    "transitions": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
+    "findings": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
+    "resources": {"pk": "name"},
+}
+_SINCE = {"resources": 2}  # tables added by a later schema version
+
+_user_umask = -1  # the umask orch started with, once private_files() replaced it
+
+
+def private_files() -> None:
+    """From now on what orch creates (store, lock, logs, events, folders) is private: umask
+    077. Task processes must not inherit that (a venv a task makes must stay usable by
+    others): they get user_umask() back through subprocess.Popen(umask=...)."""
+    global _user_umask
+    previous = os.umask(0o077)
+    if _user_umask == -1:
+        _user_umask = previous
+
+
+def user_umask() -> int:
+    """The umask task processes get: the user's, or -1 (Popen: leave it) if never changed."""
+    return _user_umask
 
 
 @dataclass(frozen=True)
@@ -58,87 +142,228 @@ def runs_dir(store_path: Path) -> Path:
     return store_path.with_name(store_path.stem + ".runs")
 
 
+def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
+    """What an sqlite3 error on the store at `path` means to the user, and what to do."""
+    if isinstance(exc, UnicodeDecodeError):
+        return f"{path} is damaged ({exc.object.decode('utf-8', 'replace')}): {_RESTORE}"
+    name = getattr(exc, "sqlite_errorname", "")
+    if name.startswith("SQLITE_FULL"):
+        return (f"{path}: the disk is full; what was recorded before is intact: free space, "
+                "then run again")
+    if name.startswith("SQLITE_READONLY"):
+        return f"{path} is read-only: `orch run` must write it (use another --store)"
+    if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
+        return f"{path} stayed locked by another process for {BUSY_TIMEOUT_MS // 1000} s: {exc}"
+    if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
+        return f"{path} cannot be read or written ({exc}): check the disk and its permissions"
+    return f"{path} is damaged ({exc}): {_RESTORE}"
+
+
+def lost_message(path: Path, replaced: bool = False) -> str:
+    what = "replaced by another file" if replaced else "removed"
+    return (f"{path} was {what} during the run: nothing more can be recorded, so the run "
+            "stopped; restore the store from a backup, or run again to start over (every task "
+            "runs again)")
+
+
+def _guarded(method: Callable[P, R]) -> Callable[P, R]:
+    """Turn the sqlite3 errors of a Store method into a StoreError that names the file."""
+    @functools.wraps(method)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return method(*args, **kwargs)
+        except SQLITE_ERRORS as exc:
+            store = args[0]
+            assert isinstance(store, Store)
+            raise StoreError(fault_message(store.path, exc)) from None
+    return wrapper
+
+
+def _check_file(path: Path) -> None:
+    """Refuse what is there but cannot be a store: a folder, an empty file, not SQLite, cut."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            header = f.read(100)
+    except IsADirectoryError:
+        raise StoreError(f"{path} is a folder, not an orch store") from None
+    except OSError as exc:
+        raise StoreError(f"{path} cannot be read: {exc.strerror}") from None
+    if size == 0:
+        raise StoreError(f"{path} is empty (0 bytes), not a new store: "
+                         + _RESTORE)
+    if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
+        raise StoreError(f"{path} is not an SQLite database (damaged or another file): "
+                         + _RESTORE)
+    page_size = int.from_bytes(header[16:18], "big")
+    page_size = 65536 if page_size == 1 else page_size
+    pages = int.from_bytes(header[28:32], "big")
+    # The header's page count is kept up to date by checkpoints only: with a -wal beside, the
+    # file may lawfully be shorter than it says until then (quick_check still judges it).
+    wal = path.with_name(path.name + "-wal")
+    if size < page_size * pages and not wal.exists():
+        raise StoreError(f"{path} is truncated ({size} of {page_size * pages} bytes): "
+                         + _RESTORE)
+
+
+def _writable(path: Path) -> bool:
+    """Can a writer use it: the file and its folder (for the -wal and -shm) writable."""
+    return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
+
+
+def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+    """A connection that has read the schema version (so that a bad file fails here).
+
+    Read-only: `mode=ro` first, which still sees what a live run has in its WAL; where that
+    cannot work (no -shm and a folder no one may write, a full disk), `immutable=1`, which
+    reads the main file alone and takes no lock: the last commits of a run killed before its
+    checkpoint may then be missing from what is shown.
+    """
+    uris = [f"file:{quote(str(path.absolute()))}?mode=ro",
+            f"file:{quote(str(path.absolute()))}?immutable=1"] if readonly else [str(path)]
+    for i, uri in enumerate(uris):
+        conn = sqlite3.connect(uri, uri=readonly, isolation_level=None,
+                               timeout=BUSY_TIMEOUT_MS / 1000)
+        try:
+            conn.row_factory = sqlite3.Row
+            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
+            if not readonly:
+                conn.execute("PRAGMA journal_mode=WAL")
+                conn.execute("PRAGMA synchronous=NORMAL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            conn.execute("PRAGMA user_version").fetchone()
+            return conn
+        except SQLITE_ERRORS:
+            conn.close()
+            if i == len(uris) - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
 class Store:
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, readonly: bool = False) -> None:
         self.path = path
         self.conn = conn
+        self.readonly = readonly  # opened for reading only: the file or its folder is not ours
+        st = path.stat()
+        self._identity = (st.st_dev, st.st_ino)
 
     # --- opening -----------------------------------------------------------------------------
 
     @classmethod
     def open(cls, path: Path, create: bool = True) -> Store:
-        """Open (and with `create`, make) the store at `path`."""
-        if not create and not path.exists():
-            raise StoreError(f"no store at {path} (has this plan been run? try `orch run PLAN`)")
-        path.parent.mkdir(parents=True, exist_ok=True)
+        """Open (and with `create`, make) the store at `path`; `create` also means "to write":
+        a store that cannot be written is then refused, else opened read-only."""
+        if not path.exists():
+            if not create:
+                raise StoreError(
+                    f"no store at {path} (has this plan been run? try `orch run PLAN`)")
+            cls._make(path)
+        _check_file(path)
+        readonly = not _writable(path)
+        if readonly and create:
+            raise StoreError(f"{path} is read-only: `orch run` must write it "
+                             "(make it writable, or copy it and use --store)")
         try:
-            conn = sqlite3.connect(path, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000)
-            conn.row_factory = sqlite3.Row
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA foreign_keys=ON")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{path} is not a usable orch store: {exc}") from None
-        if version > SCHEMA_VERSION:
-            raise StoreError(f"{path} was written by a newer orch (schema {version})")
-        store = cls(path, conn)
-        if version < SCHEMA_VERSION:
-            store._create_schema()
+            conn = _connect(path, readonly)
+        except SQLITE_ERRORS as exc:
+            if readonly or create:
+                raise StoreError(fault_message(path, exc)) from None
+            readonly = True  # e.g. a full disk: no room for the -shm, but reading still works
+            try:
+                conn = _connect(path, readonly)
+            except SQLITE_ERRORS as exc2:
+                raise StoreError(fault_message(path, exc2)) from None
+        store = cls(path, conn, readonly)
+        try:
+            store._check(create)
+        except BaseException:
+            conn.close()
+            raise
         return store
+
+    @classmethod
+    def _make(cls, path: Path) -> None:
+        """Build a new store under a temporary name, then link it into place: the path names
+        a complete store or nothing, whatever moment a crash hits."""
+        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+        try:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE))
+            conn = _connect(tmp, readonly=False)
+            try:
+                cls(tmp, conn)._create_schema()
+            finally:
+                conn.close()
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                # Made in the moment since open() found nothing: by another orch (complete: it
+                # links too), or by a reader's sqlite3.connect(), which creates an empty file.
+                # Only that one is replaced; an empty file that was there before is refused.
+                if path.stat().st_size == 0:
+                    os.replace(tmp, path)
+        except SQLITE_ERRORS as exc:
+            raise StoreError(fault_message(path, exc)) from None
+        except OSError as exc:
+            raise StoreError(f"cannot create the store {path}: {exc.strerror}") from None
+        finally:
+            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"),
+                             tmp.with_name(tmp.name + "-shm")):
+                leftover.unlink(missing_ok=True)
+
+    @_guarded
+    def _check(self, create: bool) -> None:
+        problem = self.conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+        if problem != "ok":
+            raise StoreError(f"{self.path} is damaged (quick_check: {problem}): {_RESTORE}")
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StoreError(f"{self.path} was written by a newer orch (schema {version}, this "
+                             f"orch knows {SCHEMA_VERSION}): upgrade orch to use it")
+        if version == 0:
+            raise StoreError(f"{self.path} is an SQLite database but not an orch store: "
+                             "use another --store")
+        for table, columns in COLUMNS.items():
+            if version < _SINCE.get(table, 1):
+                continue
+            have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+            if not have >= columns.keys():
+                raise StoreError(f"{self.path} is damaged (table {table} lacks "
+                                 f"{', '.join(sorted(columns.keys() - have))}): {_RESTORE}")
+        statuses = ", ".join(f"'{s}'" for s in Status)
+        bad = self.conn.execute(f"SELECT id, status FROM todos WHERE status NOT IN ({statuses})"
+                                " LIMIT 1").fetchone()
+        if bad is not None:
+            raise StoreError(f"{self.path} is damaged (task {bad[0]!r} has status "
+                             f"{bad[1]!r}): {_RESTORE}")
+        if version < SCHEMA_VERSION:
+            if self.readonly:
+                raise StoreError(f"{self.path} has an older schema ({version}) and is "
+                                 "read-only: run `orch run` on it once where it is writable")
+            self._create_schema()
+        if create:  # the runs folder holds the logs: private like the store
+            runs_dir(self.path).mkdir(mode=PRIVATE_DIR, exist_ok=True)
 
     def close(self) -> None:
         self.conn.close()
+
+    def _check_same_file(self) -> None:
+        """Stop before a commit that would land in a file the path no longer names."""
+        try:
+            st = self.path.stat()
+        except FileNotFoundError:
+            st = None
+        if st is None or (st.st_dev, st.st_ino) != self._identity:
+            raise StoreError(lost_message(self.path, replaced=st is not None))
 
     def _create_schema(self) -> None:
         import sqlite_utils  # lazily: see the module docstring
 
         db = sqlite_utils.Database(self.conn)
         with self._tx():
-            db.table("meta").create({"key": str, "value": str}, pk="key", if_not_exists=True)
-            db.table("runs").create(
-                {
-                    "id": int, "plan_file": str, "started_at": float, "ended_at": float,
-                    "outcome": str, "pid": int, "pid_started_at": float, "host": str,
-                    "boot_id": str, "argv": str, "log_dir": str,
-                },
-                pk="id", if_not_exists=True,
-            )
-            db.table("todos").create(
-                {
-                    "id": str, "position": int, "title": str, "priority": str, "kind": str,
-                    "needs": str, "in_plan": int, "status": str, "reason": str, "attempts": int,
-                    "spec_hash": str, "spec": str, "started_at": float, "ended_at": float,
-                    "last_error": str, "output_tail": str, "run_id": int, "log_path": str,
-                    "pgid": int, "pgid_started_at": float, "updated_at": float,
-                },
-                pk="id", not_null={"status", "title"}, defaults={"attempts": 0, "in_plan": 1},
-                if_not_exists=True,
-            )
-            db.table("transitions").create(
-                {
-                    "seq": int, "task_id": str, "from_status": str, "to_status": str,
-                    "at": float, "reason": str, "run_id": int, "attempt": int,
-                },
-                pk="seq", foreign_keys=[("task_id", "todos", "id")], if_not_exists=True,
-            )
-            db.table("findings").create(
-                {
-                    # bytes -> BLOB: no type affinity, so 42 stays an int and "42%" text.
-                    "seq": int, "task_id": str, "attempt": int, "key": str, "value": bytes,
-                    "unit": str, "note": str, "at": float, "run_id": int,
-                },
-                pk="seq", foreign_keys=[("task_id", "todos", "id")], if_not_exists=True,
-            )
-            db.table("resources").create(
-                {
-                    # data: JSON the holding kind needs to end it (pid, unit, log path ...).
-                    "name": str, "task_id": str, "kind": str, "data": str, "run_id": int,
-                    "held_at": float, "released_at": float, "released_by": str, "how": str,
-                },
-                pk="name", if_not_exists=True,
-            )
+            for table, columns in COLUMNS.items():
+                db.table(table).create(columns, if_not_exists=True, **_TABLE_OPTIONS[table])
             db.table("transitions").create_index(["task_id", "seq"], if_not_exists=True)
             db.table("findings").create_index(["task_id", "attempt"], if_not_exists=True)
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -149,10 +374,17 @@ class Store:
         self.conn.execute("BEGIN IMMEDIATE")
         try:
             yield self.conn
+            self._check_same_file()
         except BaseException:
-            self.conn.execute("ROLLBACK")
+            if self.conn.in_transaction:  # a failed COMMIT (a full disk) may have ended it
+                self.conn.execute("ROLLBACK")
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        except SQLITE_ERRORS:
+            if self.conn.in_transaction:
+                self.conn.execute("ROLLBACK")
+            raise
 
     # --- plan ----------------------------------------------------------------------------------
 
@@ -225,8 +457,8 @@ class Store:
             cur = c.execute(
                 "INSERT INTO runs(plan_file, started_at, pid, pid_started_at, host, boot_id,"
                 " argv, log_dir) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (plan_file, time.time(), who.pid, who.started_at, who.host, who.boot_id, argv,
-                 str(log_dir)),
+                (plan_file, time.time(), who.pid, who.started_at, who.host, who.boot_id,
+                 mask(argv), str(log_dir)),
             )
             return int(cur.lastrowid or 0)
 
@@ -295,14 +527,16 @@ class Store:
         dependent), so the store never claims less than what happened. Returns the attempt.
         """
         now = time.time()
+        # Errors, output tails and findings may quote a secret var's value: never stored.
+        reason, fields = mask_value(reason), mask_value(fields)
         with self._tx() as c:
             attempt = self._transition(c, task_id, to, reason, run_id, now, **fields)
             if findings:
                 c.executemany(
                     "INSERT INTO findings(task_id, attempt, key, value, unit, note, at, run_id)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(task_id, attempt, f.key, _encode(f.value), f.unit, f.note, now, run_id)
-                     for f in findings],
+                    [(task_id, attempt, f.key, mask_value(_encode(f.value)), f.unit,
+                      mask_value(f.note), now, run_id) for f in findings],
                 )
         return attempt
 
@@ -412,6 +646,11 @@ class Store:
         ).fetchall()
         return rows[::-1]
 
+
+# Every public method, so that no caller (CLI, executor, a task's sink) sees a raw sqlite3 error.
+for _name, _method in list(vars(Store).items()):
+    if not _name.startswith("_") and callable(_method) and _name != "open":
+        setattr(Store, _name, _guarded(_method))
 
 
 # SQLite has no boolean: true/false are kept as text, so they do not come back as 1/0.

@@ -1,0 +1,341 @@
+"""Storage faults are outcomes, not tracebacks: damaged, removed, full, read-only, private.
+
+Every case uses a real store made by a real `orch run`, then damages the file, the folder or
+the file system under it (a small tmpfs, mounted here as root) and runs the real CLI.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sqlite3
+import stat
+import subprocess
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.cli import cli
+
+from conftest import PlanDir, run_orch, start_orch, wait_for
+
+# One task that counts its runs in a file: a store taken as new would run it again.
+COUNTING_PLAN = """\
+name: t
+tasks:
+  - id: a
+    kind: shell
+    params: {{command: "echo ran >> {root}/a.count"}}
+"""
+# `a` says it started, then sleeps: time to damage the store under a live run.
+SLOW_PLAN = """\
+name: t
+tasks:
+  - id: a
+    kind: shell
+    params: {{command: "touch {root}/started; sleep 1.5"}}
+  - id: b
+    kind: shell
+    needs: [a]
+    params: {{command: "touch {root}/b.ran"}}
+"""
+COMMANDS = {
+    "run": ["run", "plan.yaml"],
+    "status": ["status", "plan.yaml"],
+    "logs": ["logs", "a", "--plan", "plan.yaml"],
+    "history": ["history", "--plan", "plan.yaml"],
+}
+
+
+def finished_store(pdir: PlanDir) -> Path:
+    pdir.write(COUNTING_PLAN.format(root=pdir.root))
+    r = run_orch("run", "plan.yaml", cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    assert not pdir.store_path().with_name("t.db-wal").exists()  # all in the main file
+    return pdir.store_path()
+
+
+def assert_refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
+    """Exit 2, one `orch:` message naming the store and saying what is wrong; no traceback."""
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stderr
+    assert r.stderr.startswith("orch: ") and ".orch/t.db" in r.stderr, r.stderr
+    for word in words:
+        assert word in r.stderr, r.stderr
+
+
+def _empty(data: bytes) -> bytes:
+    return b""
+
+
+def _half(data: bytes) -> bytes:
+    return data[: len(data) // 2]
+
+
+def _header_garbage(data: bytes) -> bytes:
+    return os.urandom(100) + data[100:]
+
+
+def _text_file(data: bytes) -> bytes:
+    return b"name: t\ntasks: []\n"
+
+
+def _pages_garbage(data: bytes) -> bytes:  # every b-tree page after the first, scrambled
+    return data[:4096] + bytes(b ^ 0x5A for b in data[4096:])
+
+
+def _index_garbage(data: bytes) -> bytes:
+    """An index page scrambled: no command's queries read it, only quick_check notices."""
+    conn = sqlite3.connect(":memory:")
+    conn.deserialize(data[:18] + b"\x01\x01" + data[20:])  # as rollback-journal: WAL needs a file
+    root, = conn.execute("SELECT rootpage FROM sqlite_master WHERE type='index'"
+                         " AND tbl_name='transitions'").fetchone()
+    conn.close()
+    at = (root - 1) * 4096
+    return data[:at] + bytes(b ^ 0x5A for b in data[at:at + 4096]) + data[at + 4096:]
+
+
+@pytest.mark.parametrize(("damage", "words"), [
+    (_empty, ("is empty (0 bytes)", "move it aside", "restore a backup")),
+    (_half, ("truncated",)),
+    (_header_garbage, ("not an SQLite database",)),
+    (_text_file, ("not an SQLite database",)),
+    (_pages_garbage, ("damaged", "restore a backup")),
+    (_index_garbage, ("damaged (quick_check", "restore a backup")),
+], ids=["empty", "half", "header", "text", "pages", "index"])
+def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
+        pdir: PlanDir, damage: Callable[[bytes], bytes], words: tuple[str, ...]) -> None:
+    store = finished_store(pdir)
+    damaged = damage(store.read_bytes())
+    store.write_bytes(damaged)
+    for name, args in COMMANDS.items():
+        assert_refused(run_orch(*args, cwd=pdir.root), *words)
+        assert store.read_bytes() == damaged, f"{name} wrote into the damaged store"
+    assert (pdir.root / "a.count").read_text() == "ran\n", "the completed task ran again"
+
+
+def test_store_of_a_newer_orch_is_refused(pdir: PlanDir) -> None:
+    store = finished_store(pdir)
+    with sqlite3.connect(store) as conn:
+        conn.execute("PRAGMA user_version=99")
+    conn.close()
+    for args in COMMANDS.values():
+        assert_refused(run_orch(*args, cwd=pdir.root), "newer orch (schema 99", "upgrade orch")
+
+
+def test_sqlite_file_that_is_not_an_orch_store_is_refused(pdir: PlanDir) -> None:
+    pdir.write(COUNTING_PLAN.format(root=pdir.root))
+    pdir.store_path().parent.mkdir()
+    with sqlite3.connect(pdir.store_path()) as conn:
+        conn.execute("CREATE TABLE photos (id INTEGER)")
+    conn.close()
+    assert_refused(run_orch("run", "plan.yaml", cwd=pdir.root), "not an orch store")
+    assert not (pdir.root / "a.count").exists()
+
+
+@pytest.fixture(scope="module")
+def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished store kept aside; the property overwrites a damaged copy of it."""
+    pdir = PlanDir(tmp_path_factory.mktemp("pristine"))
+    return finished_store(pdir).rename(pdir.root / "pristine.db")
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(at=st.one_of(st.integers(0, 99), st.integers(100, 1 << 20)),
+       junk=st.binary(min_size=1, max_size=64))
+def test_any_damage_to_the_store_is_an_outcome_not_a_traceback(
+        pristine: Path, at: int, junk: bytes) -> None:
+    """Bytes overwritten anywhere (the header, or any page): each reading command either works
+    or exits 2 with an `orch:` message; nothing raises."""
+    original = pristine.read_bytes()
+    offset = at % len(original)
+    damaged = original[:offset] + junk + original[offset + len(junk):]
+    store = pristine.with_name(".orch") / "t.db"
+    store.write_bytes(damaged[: len(original)])
+    for args in (["status"], ["history"], ["history", "--transitions"], ["logs", "a"],
+                 ["plan", "plan.yaml"]):
+        with contextlib.chdir(pristine.parent):  # the log's path is kept relative to here
+            r = CliRunner().invoke(cli, [*args, "--store", str(store)])
+        assert r.exit_code in (0, 2), (args, r.exit_code, r.output, r.exception)
+        assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
+        if r.exit_code == 2:
+            assert r.output.startswith(f"orch: {store}"), r.output
+
+
+@pytest.mark.parametrize("what", ["store", "folder"])
+def test_store_removed_mid_run_stops_the_run(pdir: PlanDir, what: str) -> None:
+    """The run would go on recording into the unlinked file: it stops at its next commit.
+    `store`: the file alone (its logs stay); `folder`: all of .orch/."""
+    pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", "plan.yaml", cwd=pdir.root)
+    wait_for((pdir.root / "started").exists, what="task a started")
+    if what == "folder":
+        shutil.rmtree(pdir.root / ".orch")
+    for name in ("t.db", "t.db-wal", "t.db-shm"):
+        pdir.store_path().with_name(name).unlink(missing_ok=True)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert "Traceback" not in err
+    assert "was removed during the run" in err and "the run stopped" in err, err
+    assert not (pdir.root / "b.ran").exists(), "the run went on after losing its store"
+
+
+def test_store_replaced_mid_run_stops_the_run(pdir: PlanDir) -> None:
+    """Replaced by a copy of itself (a restore from backup): the run stops, and the copy, which
+    names this run, records the task interrupted with why."""
+    pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", "plan.yaml", cwd=pdir.root)
+    wait_for((pdir.root / "started").exists, what="task a started")
+    store = pdir.store_path()
+    backup = store.with_name("backup.db")
+    with sqlite3.connect(store) as live, sqlite3.connect(backup) as copy:
+        live.backup(copy)  # a restore from backup, as an operator might do mid-run
+    live.close()
+    copy.close()
+    os.replace(backup, store)
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 2, err
+    assert "was replaced by another file during the run" in err and "Traceback" not in err
+    assert not (pdir.root / "b.ran").exists()
+    assert pdir.statuses() == {"a": "interrupted", "b": "pending"}
+    assert "the run stopped" in pdir.todo("a")["reason"]
+    with pdir.db() as conn:
+        assert [r[0] for r in conn.execute("SELECT outcome FROM runs")] == ["failed"]
+
+
+@contextmanager
+def tmpfs(where: Path, size: str) -> Iterator[Path]:
+    """A small file system of its own (root only), unmounted whatever happens."""
+    where.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
+                        str(where)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
+    try:
+        yield where
+    finally:
+        subprocess.run(["umount", "-l", str(where)], check=True)
+
+
+FILLING_PLAN = """\
+name: t
+tasks:
+  - id: a
+    kind: shell
+    params: {command: "echo ran >> a.count"}
+  - id: fill
+    kind: shell
+    needs: [a]
+    params: {command: "test -e freed || head -c 64M /dev/zero > fill || true"}
+  - id: c
+    kind: shell
+    needs: [fill]
+    params: {command: "echo ran >> c.count"}
+"""
+
+
+def test_full_disk_stops_the_run_cleanly_and_status_still_reads(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "small", "1m") as root:
+        pdir = PlanDir(root)
+        pdir.write(FILLING_PLAN)
+        r = run_orch("run", "plan.yaml", cwd=root)
+        assert r.returncode == 2, (r.stdout, r.stderr)
+        assert "Traceback" not in r.stderr
+        assert "disk is full" in r.stderr or "No space left on device" in r.stderr, r.stderr
+        assert "run again" in r.stderr
+
+        s = run_orch("status", "plan.yaml", cwd=root)
+        assert s.returncode == 0 and "Traceback" not in s.stderr, s.stderr
+        assert "✓ a" in s.stdout or "a " in s.stdout
+        with pdir.db() as conn:
+            assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+        (root / "fill").unlink()
+        (root / "freed").touch()
+        r = run_orch("run", "plan.yaml", cwd=root)
+        assert r.returncode == 0, r.stderr
+        assert set(pdir.statuses().values()) == {"completed"}
+        assert (root / "a.count").read_text() == "ran\n", "a completed step ran again"
+
+
+def test_read_only_store_can_be_read_but_not_run(tmp_path: Path) -> None:
+    with tmpfs(tmp_path / "ro", "4m") as root:
+        pdir = PlanDir(root)
+        pdir.write(COUNTING_PLAN.format(root=root))
+        assert run_orch("run", "plan.yaml", cwd=root).returncode == 0
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        status = run_orch("status", "plan.yaml", cwd=root)
+        assert status.returncode == 0 and "1 completed" in status.stdout, status.stderr
+        logs = run_orch("logs", "a", "--plan", "plan.yaml", cwd=root)
+        assert logs.returncode == 0 and "echo ran" in logs.stdout, logs.stderr
+        history = run_orch("history", "--plan", "plan.yaml", cwd=root)
+        assert history.returncode == 0 and "completed" in history.stdout, history.stderr
+        run = run_orch("run", "plan.yaml", "--rerun", "a", cwd=root)
+        assert_refused(run, "read-only")
+        assert (root / "a.count").read_text() == "ran\n"
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file modes")
+def test_store_in_a_read_only_folder_can_be_read(pdir: PlanDir) -> None:
+    store = finished_store(pdir)
+    store.chmod(0o444)
+    store.parent.chmod(0o555)
+    try:
+        status = run_orch("status", "plan.yaml", cwd=pdir.root)
+        assert status.returncode == 0 and "1 completed" in status.stdout, status.stderr
+        assert_refused(run_orch("run", "plan.yaml", "--rerun", "a", cwd=pdir.root), "read-only")
+    finally:
+        store.parent.chmod(0o700)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_files_and_folders_orch_creates_are_private(pdir: PlanDir) -> None:
+    pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = start_orch("run", "plan.yaml", cwd=pdir.root)
+    wait_for((pdir.root / "started").exists, what="task a started")
+    store = pdir.store_path()
+    live = {p: mode(p) for p in (store.with_name("t.db-wal"), store.with_name("t.db-shm"))}
+    _, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert live == dict.fromkeys(live, 0o600)
+    runs = store.with_name("t.runs")
+    folders = [store.parent, runs, runs / "1"]
+    files = [store, store.with_name("t.db.lock"), runs / "1" / "a.log",
+             runs / "1" / "events.jsonl"]
+    assert {p.name: mode(p) for p in folders} == {p.name: 0o700 for p in folders}
+    assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
+
+
+@pytest.mark.xfail(strict=True, reason="needs process.py: subprocess.Popen(..., "
+                   "umask=store.user_umask()); remove this mark once it is there")
+def test_task_processes_keep_the_users_umask(pdir: PlanDir) -> None:
+    """orch's umask 077 is for its own files: a task's files (a venv, say) stay as usual."""
+    pdir.write(COUNTING_PLAN.format(root=pdir.root))
+    old = os.umask(0o022)
+    try:
+        assert run_orch("run", "plan.yaml", cwd=pdir.root).returncode == 0
+    finally:
+        os.umask(old)
+    assert mode(pdir.root / "a.count") == 0o644
+
+
+def test_store_in_a_shared_folder_is_private_too(tmp_path: Path) -> None:
+    """--store in a folder orch did not make: the folder is left as it is, what orch puts in
+    it is private."""
+    pdir = PlanDir(tmp_path)
+    pdir.write(COUNTING_PLAN.format(root=tmp_path))
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o755)
+    assert run_orch("run", "plan.yaml", "--store", shared / "x.db", cwd=tmp_path).returncode == 0
+    assert mode(shared) == 0o755
+    assert (mode(shared / "x.db"), mode(shared / "x.runs")) == (0o600, 0o700)
+    assert not list(shared.glob(".x.db.*")), "the store's temporary build was left behind"
