@@ -11,10 +11,16 @@ from typing import Any, TextIO
 
 import structlog
 
-from .terminal import use_color
+from .redact import mask_value
+from .terminal import clean, use_color
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
           "error": logging.ERROR}
+
+
+def _masked(logger: Any, method: str, event: MutableMapping[str, Any]
+            ) -> MutableMapping[str, Any]:
+    return {k: mask_value(v) for k, v in event.items()}
 
 
 def configure(events_path: Path | None, console_level: str = "info") -> TextIO | None:
@@ -32,12 +38,15 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
             raise structlog.DropEvent
         event.pop("run", None)  # the terminal knows which run it is watching
         event["timestamp"] = str(event.get("timestamp", ""))[11:19]  # HH:MM:SS of the ISO time
-        return event
+        # The file above keeps exact values (JSON escapes them); the terminal gets no escapes.
+        return {k: clean(v, multiline=False) if isinstance(v, str) else v
+                for k, v in event.items()}
 
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=False),
+            _masked,  # before both sinks: a secret reaches neither events.jsonl nor the terminal
             tee,
             structlog.dev.ConsoleRenderer(colors=use_color(sys.stderr), pad_event_to=18,
                                          sort_keys=False),
