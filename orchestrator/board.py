@@ -15,6 +15,7 @@ from typing import Any
 from .durations import format_duration
 from .findings import Finding
 from .status import TODOWRITE, Status
+from .terminal import clean
 
 STATUS_SCHEMA = "orch.status/v1"
 
@@ -107,8 +108,10 @@ def render_board(
     lines.append(f"{len(rows)} tasks: " + " · ".join(parts) if rows else "no tasks")
     for r in rows:
         if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
-            lines.append(paint(f"{r['id']} {r['status']}: {r['last_error']}", "31"))
-            lines += [f"    | {ln}"[:width] for ln in (r["output_tail"] or "").splitlines()[-8:]]
+            error = clean(r["last_error"], multiline=False)
+            lines.append(paint(f"{r['id']} {r['status']}: {error}", "31"))
+            lines += [f"    | {ln}"[:width]
+                      for ln in clean(r["output_tail"] or "").splitlines()[-8:]]
             if r["log_path"]:
                 lines.append(f"    full log: orch logs {r['id']}")
     return "\n".join(lines)
@@ -127,7 +130,7 @@ def _headline(plan_name: str, store_path: str, run: sqlite3.Row | None) -> str:
 
 
 def _fit(text: str, width: int) -> str:
-    text = " ".join(str(text).split())
+    text = " ".join(clean(str(text)).split())  # values from processes: no escape sequences
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 

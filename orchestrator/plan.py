@@ -5,10 +5,12 @@ Nothing here touches the host: a plan is validated completely before anything ru
 
 from __future__ import annotations
 
+import ast
 import graphlib
 import hashlib
 import heapq
 import json
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +19,19 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
-from .errors import PlanError, PlanIssue, did_you_mean
+from .errors import PlanError, PlanIssue, Suggester, did_you_mean
+from .redact import MASK
 from .task import Duration, as_list
 from .templating import Ref, compile_when, iter_refs
-from .yamlsource import Located, Path_, load_yaml
+from .yamlsource import Located, Path_, check_bounds, load_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
+# Tighter than yamlsource's per-value limit: ids and names become file names, log names and
+# board columns. `when` is evaluated recursively at run time, so its depth is bounded here.
+MAX_ID_CHARS = 128
+MAX_TITLE_CHARS = 256
+MAX_WHEN_CHARS = 1000
+MAX_WHEN_DEPTH = 32
 
 
 def _as_retries(value: object) -> object:
@@ -41,8 +50,8 @@ class TaskSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str = Field(pattern=ID_PATTERN)
-    title: str | None = None
+    id: str = Field(pattern=ID_PATTERN, max_length=MAX_ID_CHARS)
+    title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
     priority: Literal["high", "medium", "low"] = "medium"
     kind: str
     params: dict[str, Any] = {}
@@ -68,7 +77,7 @@ class CheckSpec(BaseModel):
 class PlanHeader(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_ID_CHARS)
     description: str = ""
     vars: dict[str, Any] = {}
     tasks: list[Any] = Field(min_length=1)
@@ -111,6 +120,7 @@ class Plan:
     file: Path
     vars: dict[str, Any]
     tasks: list[PlannedTask]  # in dependency order; ties keep the file's order
+    secrets: frozenset[str] = frozenset()  # vars whose values are masked as *** (redact.py)
     by_id: dict[str, PlannedTask] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
 
@@ -137,6 +147,7 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     """Load and validate a plan; PlanError lists every problem found."""
     src = load_yaml(path)
     issues: list[PlanIssue] = []
+    suggest = Suggester()  # one budget for the whole plan: did-you-mean stays linear
     if not isinstance(src.data, dict):
         raise PlanError([src.issue((), "a plan is a mapping with `name` and `tasks`")])
     try:
@@ -150,11 +161,11 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     raw_tasks = header.tasks if header else src.data.get("tasks")
     if not isinstance(raw_vars, dict) or not isinstance(raw_tasks, list) or not raw_tasks:
         raise PlanError(issues)
-    variables = dict(raw_vars)
+    variables, secrets = _declared_vars(src, raw_vars, issues)
     for key, value in (var_overrides or {}).items():
         if key not in variables:
             issues.append(src.issue(("vars",), f"--var {key}: the plan has no var {key!r}"
-                                    f"{did_you_mean(key, variables)}"))
+                                    f"{suggest(key, variables)}"))
         else:
             variables[key] = value
 
@@ -177,11 +188,12 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
             if (salvaged := _salvage(raw, exc)) is not None:
                 specs.append((i, salvaged))
 
-    upstream = _check_graph(src, specs, raw_ids, issues)
+    upstream = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
     for i, spec in specs:
-        task = _plan_task(src, ("tasks", i), spec, variables, ids, upstream, issues)
+        task = _plan_task(src, ("tasks", i), spec, variables, ids, upstream, issues, suggest,
+                          secrets)
         if task is not None:
             planned.setdefault(spec.id, task)
     if issues or header is None:
@@ -190,7 +202,48 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     ordered = _dependency_order(list(planned.values()), raw_ids)
     for position, t in enumerate(ordered):
         t.position = position
-    return Plan(header.name, header.description, path, variables, ordered)
+    return Plan(header.name, header.description, path, variables, ordered, secrets)
+
+
+_DECLARATION = {"env", "default", "secret"}
+
+
+def _declared_vars(src: Located, raw: dict[str, Any], issues: list[PlanIssue]
+                   ) -> tuple[dict[str, Any], frozenset[str]]:
+    """Vars' values, and which are secret.
+
+    A var is a plain value, or a declaration: a mapping of only `env` (take the value from
+    this environment variable: secret unless `secret: false`), `default` (when the environment
+    lacks it) and `secret` (mask the value as *** everywhere orch writes it).
+    """
+    values: dict[str, Any] = {}
+    secrets: set[str] = set()
+    for name, value in raw.items():
+        if not (isinstance(value, dict) and value and set(value) <= _DECLARATION
+                and ("env" in value or "secret" in value)):
+            values[name] = value
+            continue
+        where = ("vars", name)
+        secret, env = value.get("secret", "env" in value), value.get("env")
+        if not isinstance(secret, bool):
+            issues.append(src.issue((*where, "secret"), f"var {name}: `secret` is true or false"))
+        if env is not None and not (isinstance(env, str) and env):
+            issues.append(src.issue((*where, "env"), f"var {name}: `env` names an environment "
+                                    "variable"))
+            env = None
+        if env is not None and env in os.environ:
+            values[name] = os.environ[env]
+        elif "default" in value:
+            values[name] = value["default"]
+        elif env is not None:
+            issues.append(src.issue(where, f"var {name}: the environment variable {env} is not "
+                                    "set (export it, or give the var a `default`)"))
+        else:
+            issues.append(src.issue(where, f"var {name}: a secret var needs a `default` or an "
+                                    "`env` to come from"))
+        if secret is True:
+            secrets.add(name)
+    return values, frozenset(secrets)
 
 
 def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
@@ -209,7 +262,7 @@ def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
 
 def _check_graph(
     src: Located, specs: list[tuple[int, TaskSpec]], raw_ids: dict[str, int],
-    issues: list[PlanIssue],
+    issues: list[PlanIssue], suggest: Suggester,
 ) -> Upstream:
     """Unknown needs and cycles; returns the tasks' transitive upstream, where all known."""
     graph: dict[str, list[str]] = {}
@@ -217,7 +270,7 @@ def _check_graph(
         for j, need in enumerate(spec.needs):
             if need not in raw_ids:
                 message = (f"task {spec.id!r} needs unknown task {need!r}"
-                           f"{did_you_mean(need, raw_ids)}")
+                           f"{suggest(need, raw_ids)}")
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
     # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
@@ -265,7 +318,8 @@ class Upstream:
 
 def _plan_task(
     src: Located, where: Path_, spec: TaskSpec, variables: dict[str, Any], ids: set[str],
-    upstream: Upstream, issues: list[PlanIssue],
+    upstream: Upstream, issues: list[PlanIssue], suggest: Suggester,
+    secrets: frozenset[str] = frozenset(),
 ) -> PlannedTask | None:
     label = f"task {spec.id!r}"
     before = len(issues)
@@ -280,7 +334,7 @@ def _plan_task(
             return used
         for ref in refs:
             issues.extend(src.issue(at, f"{label}: {p}") for p in _ref_problems(
-                ref, spec.id, variables, ids, upstream))
+                ref, spec.id, variables, ids, upstream, suggest))
             if ref.task is None:
                 used.add(ref.name)
         return used
@@ -296,10 +350,8 @@ def _plan_task(
     if cls is not None:
         _validate_params(src, (*where, "params"), label, cls, spec.params, variables, issues)
     if isinstance(spec.when, str):
-        try:
-            compile_when(spec.when)
-        except ValueError as exc:
-            issues.append(src.issue((*where, "when"), f"{label}: {exc}"))
+        if (problem := _when_problem(spec.when)) is not None:
+            issues.append(src.issue((*where, "when"), f"{label}: {problem}"))
         used |= check_refs(spec.when, (*where, "when"))
 
     checks: list[PlannedCheck] = []
@@ -325,24 +377,47 @@ def _plan_task(
                                    src.line(at)))
     if len(issues) > before or cls is None:
         return None
+    # A secret is not part of a task's identity: a rotated token re-runs nothing (and is
+    # never stored).
     fingerprint = {
         "kind": spec.kind, "params": spec.params, "when": spec.when,
-        "preconditions": spec.preconditions, "vars": {k: variables[k] for k in sorted(used)},
+        "preconditions": spec.preconditions,
+        "vars": {k: MASK if k in secrets else variables[k] for k in sorted(used)},
     }
     spec_json = json.dumps(fingerprint, sort_keys=True, default=str)
     digest = hashlib.sha256(spec_json.encode()).hexdigest()[:16]
     return PlannedTask(spec, cls, checks, digest, fingerprint, spec_json, src.line(where))
 
 
+def _when_problem(expr: str) -> str | None:
+    """Why `when` cannot be used, or None. Length and depth are bounded now: evaluation
+    recurses, and a 1,000-deep `not not ...` would crash the run that reaches it."""
+    if len(expr) > MAX_WHEN_CHARS:
+        return f"`when` is {len(expr):,} characters; the limit is {MAX_WHEN_CHARS:,}"
+    try:
+        tree, _ = compile_when(expr)
+    except ValueError as exc:
+        return str(exc)
+    except (RecursionError, MemoryError):  # the parser's own limit on nesting
+        return f"`when` is nested too deeply (more than {MAX_WHEN_DEPTH} levels)"
+    stack: list[tuple[ast.AST, int]] = [(tree, 1)]  # iterative: the tree may be deep
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_WHEN_DEPTH:
+            return f"`when` is nested too deeply (more than {MAX_WHEN_DEPTH} levels)"
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return None
+
+
 def _ref_problems(
     ref: Ref, task_id: str, variables: dict[str, Any], ids: set[str],
-    upstream: Upstream,
+    upstream: Upstream, suggest: Suggester,
 ) -> list[str]:
     if ref.task is None:
         if ref.name not in variables:
-            return [f"${{{ref}}}: no var {ref.name!r}{did_you_mean(ref.name, variables)}"]
+            return [f"${{{ref}}}: no var {ref.name!r}{suggest(ref.name, variables)}"]
     elif ref.task not in ids:
-        return [f"${{{ref}}}: no task {ref.task!r}{did_you_mean(ref.task, ids)}"]
+        return [f"${{{ref}}}: no task {ref.task!r}{suggest(ref.task, ids)}"]
     elif (above := upstream.of(task_id)) is not None and ref.task not in above:
         return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
                 "add it to `needs` so it runs first"]
@@ -358,15 +433,20 @@ def _validate_params(
     Vars are known now, so they are substituted for this check (unquoted: it only checks types).
     A param with a bad reference is skipped too: check_refs has reported it already.
     """
-    from .templating import quoted_refs, resolve
+    from .errors import TemplateError
+    from .templating import bash_params, inert_word, resolve
 
-    for name in sorted(cls.shell_params & params.keys()):
-        if isinstance(params[name], str):
-            issues += [src.issue((*at, name), f"{label}: {ref} is inside quotes or a heredoc in "
-                                 f"param "
-                                 f"{name!r}: orch shell-quotes every value itself, so write it "
-                                 f"bare, or assign it first: v={ref}; echo \"$v\"")
-                       for ref in quoted_refs(params[name])]
+    # A var that bash would read is known now: refuse it here, on its line, not at run time.
+    for name in sorted(bash_params(cls, params)):
+        try:
+            refs = set(iter_refs(params[name]))
+        except ValueError:
+            continue  # check_refs has reported it
+        for ref in sorted((r for r in refs if r.task is None and r.name in variables), key=str):
+            try:
+                inert_word(ref, variables[ref.name])
+            except TemplateError as exc:
+                issues.append(src.issue((*at, name), f"{label}: param {name!r}: {exc}"))
 
     def unresolvable(value: Any) -> bool:
         try:
@@ -437,7 +517,10 @@ def parse_var(text: str) -> tuple[str, Any]:
     if not sep or not key:
         raise ValueError(f"--var {text!r}: write KEY=VALUE")
     try:
+        check_bounds(raw, f"--var {key}")  # a value has the plan's limits: no alias bomb
         return key, yaml.safe_load(raw) if raw else ""
+    except PlanError as exc:
+        raise ValueError(f"--var {key}: {exc.issues[0].message}") from None
     except yaml.YAMLError:
         return key, raw
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from .durations import parse_duration
 from .errors import TaskError
 from .findings import Finding, FindingValue, parse_finding_line
-from .process import ProcessResult, run_process
+from .process import LOG_LIMIT, ProcessResult, run_process
 
 # A params field written as `30s`, `5m`, `1h30m` or seconds; pydantic holds it as float seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -113,6 +113,7 @@ class Context:
         cwd: str | Path | None = None,
         success_codes: Sequence[int] = (0,),
         grace: float = 10.0,
+        log_limit: int | None = LOG_LIMIT,
     ) -> ProcessResult:
         """Run argv in its own process group, output appended to this task's log.
 
@@ -129,6 +130,7 @@ class Context:
             grace=grace,
             on_start=self.sink.process_started,
             on_wait=self.sink.progress,
+            log_limit=log_limit,
         )
         last_words = ""  # one pass: a server's log can be large
         for line in result.lines():
@@ -147,8 +149,15 @@ class Task(Generic[P]):
     """Base of every task kind. Subclasses set `Params` and implement `run`."""
 
     Params: ClassVar[type[BaseModel]] = NoParams
-    # Params spliced into a shell command: their ${...} values are shell-quoted.
+    # Params that are shell text when they are strings: each ${...} value must be an inert
+    # word (templating.inert_word).
     shell_params: ClassVar[frozenset[str]] = frozenset()
+    # Environment mappings the process gets: when a shell param is a string, bash reads them
+    # too (arithmetic evaluates a variable's text), so their values must be inert words.
+    env_params: ClassVar[frozenset[str]] = frozenset()
+    # Filesystem paths the task writes or reads: one built from a finding stays inside the
+    # folder written before it (confine.py).
+    path_params: ClassVar[frozenset[str]] = frozenset()
     # The param naming a resource this kind lets go (ctx.release), e.g. "server" for
     # server.stop: a revived holder's releasers run again after its users (selection.py).
     releases: ClassVar[str | None] = None
@@ -179,7 +188,9 @@ class Precondition(Generic[P]):
     """Base of every precondition kind: a read-only check of the host."""
 
     Params: ClassVar[type[BaseModel]] = NoParams
-    shell_params: ClassVar[frozenset[str]] = frozenset()
+    shell_params: ClassVar[frozenset[str]] = frozenset()  # as Task's
+    env_params: ClassVar[frozenset[str]] = frozenset()
+    path_params: ClassVar[frozenset[str]] = frozenset()
 
     def __init__(self, params: P) -> None:
         self.params = params

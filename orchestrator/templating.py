@@ -2,8 +2,13 @@
 
 References are found when the plan loads (so an unknown var or task is a plan error) and
 resolved when the task starts (so a finding recorded a minute ago is seen). `$${` writes a
-literal `${`. A value spliced into a shell command is quoted with shlex.quote, so findings and
-vars never reach a shell as code.
+literal `${`.
+
+A value that reaches bash must be an inert word (see inert_word): quoting cannot make a value
+safe, because bash arithmetic (`(( X ))`, `[[ X -eq 0 ]]`, `declare -i`, array subscripts)
+evaluates the text of a quoted word or a variable, `$(...)` included. A word made only of
+`[A-Za-z0-9_@%+:,./-]` cannot start a substitution anywhere in bash, so it needs no quoting
+and no context (quotes, heredocs, eval) can turn it into code.
 """
 
 from __future__ import annotations
@@ -11,7 +16,6 @@ from __future__ import annotations
 import ast
 import operator
 import re
-import shlex
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -60,92 +64,74 @@ def iter_refs(value: Any) -> Iterator[Ref]:
             yield from iter_refs(item)
 
 
+def before_finding(text: str) -> str | None:
+    """What `text` says before its first finding reference (still a template), or None when
+    it has none."""
+    for m in _TEMPLATE.finditer(text):
+        if not m.group(1) and parse_ref(m.group(2)).task:
+            return text[: m.start()]
+    return None
+
+
 Lookup = Callable[[Ref], Any]
 
 
-def resolve(value: Any, lookup: Lookup, quote: bool = False) -> Any:
+def resolve(value: Any, lookup: Lookup, shell: bool = False) -> Any:
     """`value` with every reference replaced by lookup(ref).
 
     A string that is exactly one reference takes the referenced value's own type (a port stays
-    an int); inside a longer string the value is formatted, and shell-quoted when `quote`.
+    an int); inside a longer string the value is formatted. With `shell` the string is text
+    bash reads: every value must be an inert word (TemplateError otherwise) and stays text.
     """
     if isinstance(value, str):
         m = _TEMPLATE.fullmatch(value)
-        if m and not m.group(1) and not quote:
+        if m and not m.group(1) and not shell:
             return lookup(parse_ref(m.group(2)))
 
         def splice(m: re.Match[str]) -> str:
             if m.group(1):
                 return "${" + m.group(2) + "}"
-            text = _format(lookup(parse_ref(m.group(2))))
-            return shlex.quote(text) if quote else text
+            ref = parse_ref(m.group(2))
+            return inert_word(ref, lookup(ref)) if shell else _format(lookup(ref))
 
         return _TEMPLATE.sub(splice, value)
     if isinstance(value, Mapping):
-        return {k: resolve(v, lookup, quote) for k, v in value.items()}
+        return {k: resolve(v, lookup, shell) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [resolve(v, lookup, quote) for v in value]
+        return [resolve(v, lookup, shell) for v in value]
     return value
 
 
-_HEREDOC = re.compile(r"<<(-?)[ \t]*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\2")
+def bash_params(cls: Any, params: Mapping[str, Any]) -> set[str]:
+    """The params of a task or check of kind `cls` whose values bash reads: its shell params
+    written as strings (a list is argv, no shell), and then its env mappings too."""
+    shell = {k for k in cls.shell_params if isinstance(params.get(k), str)}
+    return shell | (cls.env_params & params.keys()) if shell else shell
 
 
-def quoted_refs(command: str) -> list[str]:
-    """References written inside '...', "..." or an unquoted heredoc in a shell command.
-
-    resolve() shell-quotes each value; inside quotes that quoting is undone ("'$(x)'" runs x),
-    and in a heredoc body the quotes are literal text and $(...) still runs, so such a
-    reference is refused when the plan loads. Comments are skipped.
-    """
-    found: list[str] = []
-    quote, i, heredocs = "", 0, []
-    while i < len(command):
-        c = command[i]
-        if c == "\\" and quote != "'":
-            i += 2
-            continue
-        if not quote and c == "#" and (i == 0 or command[i - 1] in " \t\n;&|("):
-            i = _line_end(command, i)  # a comment: its apostrophes are not quotes
-            continue
-        if (not quote and not command.startswith("<<<", i)
-                and (m := _HEREDOC.match(command, i))):
-            heredocs.append((m.group(3), bool(m.group(2)), bool(m.group(1))))
-            i = m.end()
-            continue
-        if not quote and c == "\n" and heredocs:
-            for delimiter, literal, dash in heredocs:  # bodies follow the line, in order
-                start = i + 1
-                i = _heredoc_end(command, start, delimiter, dash)
-                if not literal:
-                    found += [m.group(0) for m in _TEMPLATE.finditer(command[start:i])
-                              if not m.group(1)]
-            heredocs = []
-            continue
-        if c in "'\"" and quote in ("", c):
-            quote = "" if quote else c
-        elif quote and command.startswith("${", i) and not command.startswith("$${", i - 1):
-            end = command.find("}", i)
-            found.append(command[i : end + 1 if end >= 0 else len(command)])
-        i += 1
-    return found
+# shlex's safe set without `=` (an assignment in arithmetic) and without non-ASCII letters.
+INERT_MAX = 4096
+_INERT = re.compile(r"[A-Za-z0-9_@%+:,./-]+", re.ASCII)
 
 
-def _line_end(text: str, i: int) -> int:
-    end = text.find("\n", i)
-    return len(text) if end < 0 else end
+def is_inert(text: str) -> bool:
+    """Whether bash can only ever read `text` as a plain word (or, in arithmetic, a number or a
+    variable's name): no `$`, backtick, quote, bracket, blank, glob, `=`, `~`, `;&|<>` or
+    newline."""
+    return 0 < len(text) <= INERT_MAX and _INERT.fullmatch(text) is not None
 
 
-def _heredoc_end(text: str, start: int, delimiter: str, dash: bool) -> int:
-    """Where the heredoc body that starts at `start` ends (at its delimiter line)."""
-    i = start
-    while i < len(text):
-        end = _line_end(text, i)
-        line = text[i:end].lstrip("\t") if dash else text[i:end]
-        if line == delimiter:
-            return i - 1 if i > start else i
-        i = end + 1
-    return len(text)
+def inert_word(ref: Ref, value: Any) -> str:
+    """The text of a value that bash will read; TemplateError unless it is an inert word."""
+    # Lists, dicts and None have no one-word form: refused rather than guessed at.
+    if isinstance(value, str | bool | int | float) and is_inert(text := _format(value)):
+        return text
+    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
+    raise TemplateError(
+        f"${{{ref}}} = {shown} cannot reach a shell: a value spliced into a shell command "
+        f"or put in its env must be one plain word of letters, digits and "
+        f"_@%+:,./- (at most {INERT_MAX} characters); pass it as an argv item "
+        f"(`command: [prog, '${{{ref}}}']`), where no shell reads it")
 
 
 def _format(value: Any) -> str:

@@ -1295,6 +1295,7 @@ class AnalyzeCompare(Task[CompareParams]):
     """Compare candidate benchmark runs with a baseline: speed-ups, the cap, acceptance, verdict."""
 
     Params = CompareParams
+    path_params = frozenset({"baseline", "candidates"})  # result files it reads
 
     def run(self, ctx: Context) -> None:
         p = self.params

@@ -594,6 +594,7 @@ class BenchServe(Task[BenchParams]):
     """Benchmark a serving endpoint over a concurrency sweep; findings and orch.bench/v2."""
 
     Params = BenchParams
+    path_params = frozenset({"dataset", "output"})  # reads; writes
 
     def run(self, ctx: Context) -> None:
         p = self.params

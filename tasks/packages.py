@@ -174,6 +174,7 @@ class PythonInstall(Task[InstallParams]):
     """
 
     Params = InstallParams
+    path_params = frozenset({"venv", "python"})  # installs into; runs
 
     def run(self, ctx: Context) -> None:
         p = self.params

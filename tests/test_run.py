@@ -148,8 +148,8 @@ def test_when_false_skips_and_dependents_still_run(pdir: PlanDir) -> None:
     assert "is false" in pdir.todo("tune")["reason"]
 
 
-def test_finding_spliced_into_shell_is_quoted(pdir: PlanDir) -> None:
-    """A finding holding shell syntax reaches the next command as one literal word."""
+def test_finding_with_shell_syntax_is_refused_before_bash_runs(pdir: PlanDir) -> None:
+    """A finding holding shell syntax fails the task that would splice it, before any bash."""
     plan = pdir.write(f"""
         name: t
         tasks:
@@ -162,9 +162,10 @@ def test_finding_spliced_into_shell_is_quoted(pdir: PlanDir) -> None:
             params: {{command: "printf '%s\\\\n' ${{tasks.evil.findings.name}} > {pdir.root}/out"}}
     """)
     r = run_orch("run", plan)
-    assert r.returncode == 0, r.stderr + r.stdout
-    assert not (pdir.root / "pwned").exists()
-    assert (pdir.root / "out").read_text() == f"x; touch {pdir.root}/pwned\n"
+    assert r.returncode == 1, r.stderr + r.stdout
+    assert not (pdir.root / "pwned").exists() and not (pdir.root / "out").exists()
+    error = pdir.todo("use")["last_error"]
+    assert "${tasks.evil.findings.name}" in error and "argv item" in error
 
 
 def test_missing_finding_fails_the_task_clearly(pdir: PlanDir) -> None:

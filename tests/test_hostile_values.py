@@ -1,0 +1,239 @@
+"""No value is ever code: hostile findings and vars against every bash context, paths built from
+findings, and control sequences on the terminal (issue 9)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from orchestrator.builtins import ShellTask
+from orchestrator.errors import TemplateError
+from orchestrator.executor import Runner
+from orchestrator.templating import INERT_MAX, Ref, inert_word, is_inert
+from orchestrator.terminal import clean
+
+from conftest import PlanDir, run_orch
+
+# Each context holds X where the value goes; all run in one script, each in its own subshell
+# so that one context's syntax error does not stop the others.
+CONTEXTS = [
+    "[[ X -eq 0 ]]",
+    "(( X ))",
+    "echo $(( X + 1 ))",
+    "declare -i n=X",
+    "cat <<EOF\nX\nEOF",
+    "cat <<1EOF\nX\n1EOF",
+    "cat <<--EOF\nX\n-EOF",  # `<<-` with the delimiter -EOF
+    'eval "echo X"',
+    'echo "X"',
+    "echo 'X'",
+    "a=(1 2); echo $(( a[X] ))",
+    "echo #X",
+]
+PAYLOADS = [
+    "a[$(touch PWNED)]", "$(touch PWNED)", "`touch PWNED`", "x[$(touch PWNED)]+1",
+    "1;touch PWNED", "1\ntouch PWNED", "EOF\ntouch PWNED", "1EOF\ntouch PWNED",
+    "'; touch PWNED; '", '"; touch PWNED; "', "a[`touch PWNED`]", "$(<PWNED)", "${x:=1}",
+    "a[$(>PWNED)]", "$(>PWNED)", "`>PWNED`", "x[`>PWNED`]",
+    "x=1", "~root", "*", "a b", "", "é", "0x1f", "-1", "PATH", "n", "1.5", "a,b", "@a%b+c:d",
+]
+SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+:,./-")
+inert_text = st.text(alphabet=sorted(SAFE), min_size=1, max_size=40)
+values = st.one_of(st.sampled_from(PAYLOADS), st.text(max_size=40), inert_text)
+
+
+def script(value_ref: str = "${vars.v}") -> str:
+    """Every context in one bash script; the first line prints the spliced word as it arrives."""
+    parts = [f"printf '[%s]\\n' {value_ref}"]
+    parts += [f"( {c.replace('X', value_ref)}\n) >/dev/null 2>&1" for c in CONTEXTS]
+    parts.append("(( V )) 2>/dev/null")  # the value through the environment
+    return "\n".join(parts) + "\ntrue"
+
+
+def resolve_params(tmp_path: Path, value: Any) -> dict[str, Any]:
+    """The executor's own resolve_params (the one call every task start goes through)."""
+    runner = SimpleNamespace(lookup=lambda ref: value, plan=SimpleNamespace(
+        file=tmp_path / "plan.yaml"), log_dir=tmp_path / ".orch" / "t.runs" / "1")
+    params = {"command": script(), "env": {"V": "${vars.v}"}}
+    return Runner.resolve_params(runner, ShellTask, params)  # type: ignore[arg-type]
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.one_of(values, st.integers(), st.floats(), st.booleans(), st.none(),
+                 st.lists(st.integers(), max_size=3)))
+def test_inert_is_exactly_the_safe_set(value: Any) -> None:
+    """A value passes exactly when its text is a non-empty word of the safe set within the bound
+    (lists, dicts and None never); a refusal names the reference and the way out (argv)."""
+    text = None if isinstance(value, list) else (
+        "true" if value is True else "false" if value is False else str(value))
+    expected = text is not None and value is not None and set(text) <= SAFE and len(text) > 0
+    try:
+        word = inert_word(Ref("x", "probe"), value)
+    except TemplateError as exc:
+        assert not expected
+        assert "${tasks.probe.findings.x}" in str(exc) and "argv item" in str(exc)
+        return
+    assert expected and word == text
+
+
+def test_inert_words_are_bounded() -> None:
+    assert is_inert("a" * INERT_MAX) and not is_inert("a" * (INERT_MAX + 1)) and not is_inert("")
+
+
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.one_of(st.sampled_from(PAYLOADS), inert_text, st.text(max_size=20)))
+def test_no_value_runs_as_code_in_any_bash_context(tmp_path: Path, value: str) -> None:
+    """Refused before bash, or bash runs every context for real: the word arrives literally and
+    no PWNED appears."""
+    marker = tmp_path / "PWNED"
+    try:
+        params = resolve_params(tmp_path, value)
+    except TemplateError:
+        assert not is_inert(value)
+        return
+    assert is_inert(value)
+    done = subprocess.run(["bash", "-o", "pipefail", "-c", params["command"]], cwd=tmp_path,
+                          env={"PATH": os.environ["PATH"], **params["env"]},
+                          capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[0] == f"[{value}]"  # one literal word: no split, no glob
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("payload", ["a[$(touch PWNED)]", "EOF\ntouch PWNED", "n"])
+def test_findings_through_orch_run_never_reach_bash_as_code(pdir: PlanDir, payload: str) -> None:
+    """End to end: a finding (any text, via a python task) spliced into every context and env:
+    a hostile one fails each shell task before it runs, an inert one runs them all."""
+    tasks = "\n".join(
+        f"  - {{id: c{i}, kind: shell, needs: [src], params: {{command: "
+        f"{json.dumps(c.replace('X', '${tasks.src.findings.result}') + ' ; true')}}}}}"
+        for i, c in enumerate(CONTEXTS))
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
+        f"args: {{s: {json.dumps(json.dumps(payload))}}}}}}}\n{tasks}\n"
+        "  - {id: env, kind: shell, needs: [src], params: {command: '(( V )); true', "
+        "env: {V: '${tasks.src.findings.result}'}}}\n")
+    r = run_orch("run", plan, "--keep-going", cwd=pdir.root)
+    assert not (pdir.root / "PWNED").exists()
+    shell = {k: v for k, v in pdir.statuses().items() if k != "src"}
+    assert pdir.statuses()["src"] == "completed"
+    if is_inert(payload):
+        assert r.returncode == 0, r.stderr
+        assert set(shell.values()) == {"completed"}
+    else:
+        assert r.returncode == 1 and set(shell.values()) == {"failed"}
+        assert "cannot reach a shell" in pdir.todo("env")["last_error"]
+        assert not list((pdir.root / ".orch").rglob("c0.log"))  # no bash was started
+
+
+def test_argv_items_stay_free_form(pdir: PlanDir) -> None:
+    """No shell reads an argv item: the way out the error names carries any text exactly."""
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: src
+            kind: python
+            params: {{function: 'json:loads', args: {{s: '"a[$(x)] b"'}}}}
+          - id: use
+            kind: shell
+            needs: [src]
+            params:
+              command: [python3, -c, "import sys; open(sys.argv[2], 'w').write(sys.argv[1])",
+                        "${{tasks.src.findings.result}}", "{pdir.root}/out"]
+    """)
+    assert run_orch("run", plan).returncode == 0
+    assert (pdir.root / "out").read_text() == "a[$(x)] b"
+
+
+# --- paths built from findings --------------------------------------------------------------
+
+
+def path_plan(pdir: PlanDir, finding: str, cwd: str, name: str = "t") -> Path:
+    return pdir.write(
+        f"name: {name}\ntasks:\n"
+        f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
+        f"args: {{s: {json.dumps(json.dumps(finding))}}}}}}}\n"
+        f"  - {{id: use, kind: shell, needs: [src], params: {{command: 'pwd > {pdir.root}/cwd', "
+        f"cwd: {json.dumps(cwd)}}}}}\n", f"{name}.yaml")
+
+
+def test_finding_climbing_out_of_the_plan_folder_is_refused(pdir: PlanDir) -> None:
+    """`../../..` as a path param leads outside the plan's folder: refused, naming both."""
+    r = run_orch("run", path_plan(pdir, "../../..", "${tasks.src.findings.result}"))
+    assert r.returncode == 1
+    error = pdir.todo("use")["last_error"]
+    assert "param 'cwd'" in error and "'../../..'" in error and str(pdir.root) in error
+    assert not (pdir.root / "cwd").exists()
+
+
+def test_finding_inside_its_folder_or_under_a_written_absolute_prefix_is_allowed(
+        pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Inside the plan's folder is fine, and so is anything under an absolute folder the plan
+    itself wrote; `..` out of that written folder is not."""
+    (pdir.root / "sub").mkdir()
+    assert run_orch("run", path_plan(pdir, "sub", "${tasks.src.findings.result}"),
+                    cwd=pdir.root).returncode == 0
+    assert (pdir.root / "cwd").read_text().strip() == str(pdir.root / "sub")
+    elsewhere = tmp_path_factory.mktemp("elsewhere")
+    (elsewhere / "deep").mkdir()
+    plan = path_plan(pdir, "deep", f"{elsewhere}/${{tasks.src.findings.result}}", "abs")
+    assert run_orch("run", plan).returncode == 0, pdir.todo("use", "abs")["last_error"]
+    assert (pdir.root / "cwd").read_text().strip() == str(elsewhere / "deep")
+    plan = path_plan(pdir, "../..", f"{elsewhere}/${{tasks.src.findings.result}}", "up")
+    assert run_orch("run", plan).returncode == 1
+    assert f"outside {elsewhere}" in pdir.todo("use", "up")["last_error"]
+
+
+def test_symlink_out_of_the_plan_folder_is_refused(
+        pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A symlink inside the folder that points out of it is followed, and refused."""
+    outside = tmp_path_factory.mktemp("outside")
+    (pdir.root / "link").symlink_to(outside)
+    r = run_orch("run", path_plan(pdir, "link", "${tasks.src.findings.result}"), cwd=pdir.root)
+    assert r.returncode == 1
+    assert f"leads to {outside}" in pdir.todo("use")["last_error"]
+    assert not (pdir.root / "cwd").exists()
+
+
+# --- control sequences on the terminal ------------------------------------------------------
+
+NASTY = "\x1b]0;pwned\x07ok \x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ \x1b[2J\x1b[31mred\x9b1m"
+CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def test_clean_removes_whole_sequences() -> None:
+    """OSC titles and hyperlinks, CSI, C1 and lone controls go; their text is not left behind."""
+    assert clean(NASTY) == "ok link red1m"
+    assert clean("a\tb\nc\r\x00") == "a\tb\nc" and clean("a\tb\nc", multiline=False) == "a b c"
+    assert clean("end\x1b") == "end"
+
+
+def test_findings_with_escapes_are_stripped_on_the_terminal_exact_in_json(pdir: PlanDir) -> None:
+    """`orch status` and the run log print no control character; `--json` keeps the value."""
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
+        f"args: {{s: {json.dumps(json.dumps(NASTY))}}}}}}}\n"
+        "  - {id: bad, kind: shell, params: {command: [python3, -c, 'import sys; "
+        f"print(sys.argv[1]); sys.exit(3)', {json.dumps(NASTY)}]}}}}\n")
+    run = run_orch("run", plan, "--keep-going")
+    assert run.returncode == 1
+    status = run_orch("status", plan)
+    for text in (run.stderr, status.stdout + status.stderr):
+        assert "ok link" in text and "pwned" not in text and "evil" not in text
+        assert not CONTROL.search(text), repr(text)
+    as_json = json.loads(run_orch("status", plan, "--json").stdout)
+    tasks = {t["id"]: t for t in as_json["tasks"]}
+    assert tasks["src"]["findings"][0]["value"] == NASTY
+    assert "\x1b]0;pwned\x07" in tasks["bad"]["output_tail"]
