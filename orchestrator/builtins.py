@@ -9,13 +9,14 @@ import subprocess
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
-from .process import terminate_group
+from .process import LOG_LIMIT, terminate_group
+from .sizes import parse_size
 from .task import Argv, CheckResult, Context, Precondition, Task
 
 
@@ -29,6 +30,8 @@ class ShellParams(BaseModel):
     cwd: str | None = None
     success_codes: list[int] = [0]
     grace: float = Field(10.0, description="seconds between SIGTERM and SIGKILL")
+    log_limit: Annotated[int, BeforeValidator(parse_size)] = Field(
+        LOG_LIMIT, gt=0, description="most output kept in the task log (64MiB): head and tail")
 
 
 class ShellTask(Task[ShellParams]):
@@ -36,13 +39,16 @@ class ShellTask(Task[ShellParams]):
 
     Params = ShellParams
     shell_params = frozenset({"command"})
+    env_params = frozenset({"env"})
+    path_params = frozenset({"cwd"})
 
     def run(self, ctx: Context) -> None:
         p = self.params
         argv = (
             ["bash", "-o", "pipefail", "-c", p.command] if isinstance(p.command, str) else p.command
         )
-        ctx.run(argv, env=p.env, cwd=p.cwd, success_codes=p.success_codes, grace=p.grace)
+        ctx.run(argv, env=p.env, cwd=p.cwd, success_codes=p.success_codes, grace=p.grace,
+                log_limit=p.log_limit)
 
 
 class PythonParams(BaseModel):

@@ -8,6 +8,7 @@ and each task's state lives in the store, so a worker pool can replace the inner
 from __future__ import annotations
 
 import graphlib
+import hashlib
 import heapq
 import json
 import shlex
@@ -22,23 +23,25 @@ from typing import Any
 
 import structlog
 
-from . import runlog
+from . import redact, runlog
 from .board import summarize
+from .confine import confine
+from .containment import jail
 from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
 from .findings import Finding, checked
 from .finished import DIGEST_KEY
 from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask
-from .process import INTERRUPTS, tail, terminate_group
+from .process import INTERRUPTS, tail
 from .resources import release_all
 from .selection import Action, Selection, decide
 from .status import Status
 from .store import Store, TodoSpec, runs_dir
 from .task import Context
-from .templating import Ref, evaluate_when, resolve
+from .templating import Ref, bash_params, evaluate_when, resolve
 
-PROCESS_MARKER = "ORCH_TASK"  # env var naming run:task:attempt in every process a task starts
+PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20
 
 
@@ -69,7 +72,9 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     events = None
     try:
         who = current_identity()
-        lock.acquire({"pid": who.pid, "host": who.host, "argv": shlex.join(options.argv)})
+        redact.register(plan.vars[name] for name in plan.secrets)  # before anything is written
+        lock.acquire({"pid": who.pid, "host": who.host,
+                      "argv": redact.mask(shlex.join(options.argv))})
         store.bind_plan(plan.name)
         dead = close_dead_runs(store, holding_lock=True)
         run_id = store.next_run_id()
@@ -85,7 +90,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.set_meta(DIGEST_KEY, None)
         store.sync_plan(_todo_specs(plan), run_id)
         try:
-            result = Runner(plan, store, run_id, log_dir, selection, options, log).run()
+            result = Runner(plan, store, run_id, log_dir, selection, options, log,
+                            store_tag(store_path)).run()
         finally:  # whatever the outcome, nothing the plan started outlives the run
             release_all(store, log, f"at the end of run #{run_id}")
         # Only a run that looked at every task can vouch that none is stale (finished.py).
@@ -108,9 +114,10 @@ def _todo_specs(plan: Plan) -> list[TodoSpec]:
 class Runner:
     def __init__(
         self, plan: Plan, store: Store, run_id: int, log_dir: Path, selection: Selection,
-        options: RunOptions, log: Any,
+        options: RunOptions, log: Any, tag: str = "",
     ) -> None:
         self.plan, self.store, self.run_id, self.log_dir = plan, store, run_id, log_dir
+        self.tag = tag  # tells this store's task markers from another store's
         self.selection, self.options, self.log = selection, options, log
         self.rows = {r["id"]: r for r in store.todos()}
         self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
@@ -221,7 +228,7 @@ class Runner:
             task.id, number, self.run_id, log_path,
             None if timeout is None else time.monotonic() + timeout,
             _Sink(self, task.id, findings),
-            {PROCESS_MARKER: f"{self.run_id}:{task.id}:{number}"},
+            {PROCESS_MARKER: self.marker(self.run_id, task.id, number)},
         )
         try:
             task.cls(params).run(ctx)
@@ -284,9 +291,19 @@ class Runner:
         return found.value
 
     def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
-        # Only a command string goes through a shell; argv items are passed as they are.
-        return {k: resolve(v, self.lookup, quote=k in cls.shell_params and isinstance(v, str))
-                for k, v in params.items()}
+        """Params with their ${...} resolved; TemplateError where a value would reach bash as
+        more than an inert word, or a path built from a finding leaves its folder."""
+        shell = bash_params(cls, params)  # argv items and their env are passed as they are
+        resolved = {}
+        for k, v in params.items():
+            try:
+                resolved[k] = resolve(v, self.lookup, shell=k in shell)
+            except TemplateError as exc:
+                raise TemplateError(f"param {k!r}: {exc}") from None
+        for k in cls.path_params & params.keys():
+            confine(k, params[k], resolved[k], (self.plan.file.parent, self.log_dir.parent),
+                    self.lookup)
+        return resolved
 
     def check_preconditions(self, task: PlannedTask) -> str | None:
         """None if every precondition holds (waiting where asked), else what was found."""
@@ -323,13 +340,20 @@ class Runner:
                 next_note = now + 10.0
             time.sleep(min(check.every, max(deadline - now, 0.0)))
 
+    def marker(self, run_id: int, task_id: str, attempt: int) -> str:
+        return f"{run_id}:{task_id}:{attempt}@{self.tag}"
+
     def end_leftovers(self, task: PlannedTask) -> None:
-        """End what a dead run's attempt of this task left running, before running it again."""
+        """End what a dead run's attempt of this task left running, before running it again.
+
+        Found by the attempt's marker alone (its cgroup or scope is named from it, and every
+        process carries it): it was committed before the spawn, so there is no moment of a kill
+        after which the processes are unrecorded. The recorded pgid is not needed."""
         row = self.rows.get(task.id)
-        if row is None or row["pgid"] is None or row["status"] == Status.COMPLETED:
+        if row is None or row["run_id"] is None or row["status"] == Status.COMPLETED:
             return
-        marker = (PROCESS_MARKER, f"{row['run_id']}:{task.id}:{row['attempts']}")
-        ended = terminate_group(row["pgid"], grace=10.0, marker=marker)
+        marker = (PROCESS_MARKER, self.marker(row["run_id"], task.id, row["attempts"]))
+        ended = jail(marker).end(grace=10.0)
         if ended:
             self.log.warning("task.leftovers_ended", task=task.id, pids=ended,
                              why="left running by an interrupted run")
@@ -360,6 +384,11 @@ class _Sink:
 
     def release(self, name: str) -> None:
         self.runner.store.release(name, self.task_id, f"by task {self.task_id}")
+
+
+def store_tag(store_path: Path) -> str:
+    """A short digest of the store's real path: markers of two plans' stores never match."""
+    return hashlib.sha256(str(store_path.resolve()).encode()).hexdigest()[:12]
 
 
 def _signal_name(exc: BaseException) -> str:

@@ -2,7 +2,8 @@
 
 Two independent signals, both required to call it dead: the store's run lock is free (the
 kernel drops an flock when its holder dies, in any PID namespace), and the recorded process is
-gone: no pid, a pid whose start time differs (reused), or another boot.
+gone: no pid, a zombie (killed, its parent has not reaped it yet), a pid whose start time
+differs (reused), or another boot.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import os
 import socket
 import sqlite3
 
-from .process import boot_id, process_start_time
+from .process import boot_id, is_alive, process_start_time
 from .store import RunIdentity, Store
 
 
@@ -28,7 +29,7 @@ def death_of(run: sqlite3.Row) -> str | None:
     if run["boot_id"] != boot_id():
         return f"{who} died: the host rebooted since"
     started = process_start_time(run["pid"])
-    if started is None:
+    if started is None or not is_alive(run["pid"]):  # a zombie (not yet reaped) is dead
         return f"{who} died while the task ran"
     if abs(started - run["pid_started_at"]) > 0.05:
         return f"{who} died while the task ran (its pid now belongs to another process)"

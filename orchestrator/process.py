@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from .errors import TaskTimeout
+from .redact import mask
 
 PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
+LOG_LIMIT = 64 * 1024 * 1024  # default cap on one process's output in its task log
+LOG_CHECK_EVERY = 0.2  # seconds between checks of the log's size while a process runs
 
 
 @dataclass(frozen=True)
@@ -52,30 +55,47 @@ def run_process(
     grace: float = 10.0,
     on_start: Callable[[int, float], None] | None = None,
     on_wait: Callable[[str], None] | None = None,
+    log_limit: int | None = LOG_LIMIT,
+    jail_by: str = "ORCH_TASK",
 ) -> ProcessResult:
-    """Run argv to completion; on deadline or any exception (Ctrl-C) end its whole group."""
+    """Run argv to completion; when it ends, on deadline or any exception (Ctrl-C) end every
+    process it started: its group, and its jail (containment.py) when `env` carries `jail_by`.
+
+    The log keeps at most about `log_limit` bytes of this process's output (see LogCap)."""
+    from .containment import jail  # containment builds on this module
+
+    full_env = {**os.environ, **(env or {})}
+    box = jail((jail_by, full_env[jail_by])) if jail_by in full_env else None
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        log.write(f"$ {shlex.join(argv)}\n".encode())  # what ran, for `orch logs`
+        log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
         log.flush()  # before the child writes to the same file
         offset = log.tell()
         started = time.monotonic()
         proc = subprocess.Popen(
-            list(argv),
+            box.wrap(argv) if box else list(argv),
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, **(env or {})},
+            env=full_env,
             cwd=cwd,
             start_new_session=True,  # own session => own process group, no terminal SIGINT
+            preexec_fn=box.prepare() if box else None,
         )
+
+    def end() -> None:
+        terminate_group(proc.pid, grace, proc)
+        if box is not None:
+            box.end(grace, proc)
+
+    cap = LogCap(log_path, offset, log_limit) if log_limit is not None else None
     try:
         if on_start is not None:
             on_start(proc.pid, process_start_time(proc.pid) or 0.0)
         next_note = started + PROGRESS_EVERY
         while True:
             now = time.monotonic()
-            wait_for = next_note - now
+            wait_for = min(next_note - now, LOG_CHECK_EVERY if cap else PROGRESS_EVERY)
             if deadline is not None:
                 wait_for = min(wait_for, deadline - now)
             try:
@@ -83,19 +103,66 @@ def run_process(
                 break
             except subprocess.TimeoutExpired:
                 pass
+            if cap is not None:
+                cap.check()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
-                terminate_group(proc.pid, grace, proc)
-                raise TaskTimeout(f"timed out after {now - started:.0f}s; process group ended")
+                end()
+                raise TaskTimeout(f"timed out after {now - started:.0f}s; its processes ended")
             if on_wait is not None and now >= next_note:
                 on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
                 next_note = now + PROGRESS_EVERY
-        # The leader is done; helpers it left in the group must not outlive the task.
-        terminate_group(proc.pid, grace, proc)
+        # The leader is done; helpers it left behind must not outlive the task.
+        end()
     except BaseException:
-        terminate_group(proc.pid, grace, proc)
+        end()
         raise
+    finally:
+        if cap is not None:
+            cap.check()
     return ProcessResult(proc.returncode, log_path, offset)
+
+
+
+class LogCap:
+    """Keep a process's log at about `limit` bytes: its first half, a note, its latest output.
+
+    The child writes straight to the file (O_APPEND, see the module docstring), so orch cuts
+    it while it waits: once the output passes `limit`, the file is truncated back to the head
+    and a fixed-width note, and the child's next writes land after the note. A child never
+    blocks and is never signalled for its output; if orch dies the cap is no longer enforced.
+    Between two checks (LOG_CHECK_EVERY) the file can grow past the cap by what the child
+    writes meanwhile; what is cut is gone, findings printed in it included.
+    """
+
+    NOTE = "\n[orch: log cut at {limit}; {dropped:>20} bytes dropped here]\n"
+
+    def __init__(self, path: Path, offset: int, limit: int) -> None:
+        self.path, self.limit = path, max(limit, 1024)
+        self.head_end = offset + self.limit // 2  # where the note goes
+        self.dropped = 0
+
+    def note(self) -> bytes:
+        mib = f"{self.limit / 1048576:g} MiB"
+        return self.NOTE.format(limit=mib, dropped=self.dropped).encode()
+
+    def check(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size <= self.head_end + self.limit // 2 + len(self.note()):
+            return
+        tail_start = size - self.limit // 4  # keep the latest quarter after the note
+        with self.path.open("r+b") as f:
+            body_start = self.head_end + (len(self.note()) if self.dropped else 0)
+            f.seek(tail_start)
+            latest = f.read(size - tail_start)
+            self.dropped += tail_start - body_start
+            f.seek(self.head_end)
+            f.write(self.note())
+            f.write(latest)
+            f.truncate()
 
 
 def terminate_group(
@@ -171,8 +238,8 @@ def marked(marker: tuple[str, str]) -> list[int]:
     was spawned: in its group or out of it (`setsid`, a daemonizing double fork, vLLM's
     EngineCore and workers). Only a process that clears its own environment escapes it.
     """
-    return [pid for entry in os.listdir("/proc") if entry.isdigit()
-            if is_alive(pid := int(entry)) and _has_marker(pid, marker)]
+    return [pid for entry in os.listdir("/proc") if entry.isdigit()  # environ first: rarer
+            if _has_marker(pid := int(entry), marker) and is_alive(pid)]
 
 
 def terminate_marked(marker: tuple[str, str], grace: float,

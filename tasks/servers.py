@@ -39,7 +39,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
-from orchestrator.process import is_alive, last_line, marked, tail, terminate_marked
+from orchestrator.containment import Jail, jail
+from orchestrator.process import is_alive, last_line, tail
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners
@@ -235,9 +236,11 @@ class _Unit:
 
 
 class _Group:
-    """A process group of its own; every process it spawns, in the group or not, carries the
-    ORCH_SERVER marker in its environment, and is found and ended by it (a reused pid is never
-    hit: it lacks the marker)."""
+    """A process group of its own in the host's containment (containment.py: a cgroup of its
+    own where cgroup2 is writable, else the marker scan with orch as subreaper); every process
+    it spawns, in the group or not, carries the ORCH_SERVER marker in its environment, and is
+    found and ended by it (a reused pid is never hit: it lacks the marker). The jail is named
+    from the marker, which the handle records, so a later run ends it the same way."""
 
     @staticmethod
     def name(name: str, ctx: Context) -> dict[str, Any]:
@@ -247,13 +250,14 @@ class _Group:
     @staticmethod
     def start(handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path,
               cwd: str) -> dict[str, Any]:
-        marker = handle["marker"]
+        box = _jail(handle)
         with log.open("ab") as out:
             try:
                 proc = subprocess.Popen(
-                    argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                    cwd=cwd, env={**os.environ, **p.env, "ORCH_SERVER": marker},
-                    start_new_session=True)
+                    box.wrap(argv), stdout=out, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, cwd=cwd,
+                    env={**os.environ, **p.env, "ORCH_SERVER": handle["marker"]},
+                    start_new_session=True, preexec_fn=box.prepare())
             except OSError as exc:
                 raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
         _children[proc.pid] = proc
@@ -270,17 +274,23 @@ class _Group:
 
     @staticmethod
     def leftovers(handle: dict[str, Any]) -> list[int]:
-        return marked(("ORCH_SERVER", handle["marker"]))
+        return _jail(handle).members()
 
     @staticmethod
     def stop(handle: dict[str, Any], grace: float) -> str:
         pid, started = handle.get("pid"), time.monotonic()
         leader = _children.pop(pid, None) if pid is not None else None
-        ended = terminate_marked(("ORCH_SERVER", handle["marker"]), grace, leader)
+        ended = _jail(handle).end(grace, leader)
         if not ended:
             return f"server {handle['marker']} had already exited"
         return (f"ended pid {pid} and every process it spawned ({len(ended)}: "
                 f"{', '.join(map(str, ended))}) in {time.monotonic() - started:.1f}s")
+
+
+def _jail(handle: dict[str, Any]) -> Jail:
+    """The server's jail; never a systemd scope: under systemd the server is a unit (_Unit)."""
+    box = jail(("ORCH_SERVER", handle["marker"]))
+    return Jail(box.marker, "marker") if box.mechanism == "scope" else box
 
 
 def supervisor(handle: dict[str, Any]) -> type[_Unit] | type[_Group]:
