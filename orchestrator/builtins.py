@@ -15,7 +15,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
-from .process import LOG_LIMIT, terminate_group
+from .process import LOG_LIMIT, terminate_group, user_umask
 from .sizes import parse_size
 from .task import Argv, CheckResult, Context, Precondition, Task
 
@@ -143,6 +143,7 @@ class CommandSucceeds(Precondition[CommandParams]):
         proc = subprocess.Popen(
             ["bash", "-o", "pipefail", "-c", cmd], stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+            umask=user_umask(),
         )
         try:
             output, _ = proc.communicate(timeout=self.params.timeout)

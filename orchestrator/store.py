@@ -95,24 +95,6 @@ _TABLE_OPTIONS: dict[str, dict[str, Any]] = {
 }
 _SINCE = {"resources": 2}  # tables added by a later schema version
 
-_user_umask = -1  # the umask orch started with, once private_files() replaced it
-
-
-def private_files() -> None:
-    """From now on what orch creates (store, lock, logs, events, folders) is private: umask
-    077. Task processes must not inherit that (a venv a task makes must stay usable by
-    others): they get user_umask() back through subprocess.Popen(umask=...)."""
-    global _user_umask
-    previous = os.umask(0o077)
-    if _user_umask == -1:
-        _user_umask = previous
-
-
-def user_umask() -> int:
-    """The umask task processes get: the user's, or -1 (Popen: leave it) if never changed."""
-    return _user_umask
-
-
 @dataclass(frozen=True)
 class TodoSpec:
     """What the plan says about a task, as the store keeps it."""

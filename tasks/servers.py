@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.containment import Jail, jail
-from orchestrator.process import is_alive, last_line, tail
+from orchestrator.process import is_alive, last_line, tail, user_umask
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners
@@ -257,7 +257,7 @@ class _Group:
                     box.wrap(argv), stdout=out, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, cwd=cwd,
                     env={**os.environ, **p.env, "ORCH_SERVER": handle["marker"]},
-                    start_new_session=True, preexec_fn=box.prepare())
+                    start_new_session=True, preexec_fn=box.prepare(), umask=user_umask())
             except OSError as exc:
                 raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
         _children[proc.pid] = proc

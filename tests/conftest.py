@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sqlite3
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from collections.abc import Callable, Iterator
@@ -22,8 +24,47 @@ SESSION_MARK = ("ORCH_TEST_SESSION", f"{os.getpid()}-{time.time_ns()}")
 os.environ[SESSION_MARK[0]] = SESSION_MARK[1]
 
 
+# Every temporary file of the session goes under one private folder, removed at the end:
+# pytest's tmp_path, and through TMPDIR what the tests' processes make (vLLM's IPC sockets and
+# vllm_dist_* files, torch's compile cache, bash's heredocs). /tmp must look as it did before.
+TMP_BEFORE: set[str] = set()
+SESSION_TMP: Path | None = None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global SESSION_TMP
+    if config.option.basetemp is not None or SESSION_TMP is not None:
+        return  # the user chose where temporary files go
+    TMP_BEFORE.update(os.listdir(tempfile.gettempdir()))
+    SESSION_TMP = Path(tempfile.mkdtemp(prefix="orch-tests-"))
+    os.environ["TMPDIR"] = str(SESSION_TMP)
+    tempfile.tempdir = None  # gettempdir() reads TMPDIR again
+    config.option.basetemp = str(SESSION_TMP / "pytest")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if SESSION_TMP is not None:
+        shutil.rmtree(SESSION_TMP, ignore_errors=True)
+
+
+def _tmp_leftovers() -> list[str]:
+    """What appeared in the system's temp folder during the session, outside SESSION_TMP."""
+    if SESSION_TMP is None:
+        return []
+    return sorted(set(os.listdir(SESSION_TMP.parent)) - TMP_BEFORE - {SESSION_TMP.name})
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    """Fail the session if any process the tests started is still alive; end them."""
+    """Fail the session if any process the tests started is still alive (and end them), or if
+    something was left in /tmp outside the session's own temporary folder."""
+    _end_leftover_processes(session)
+    if left_in_tmp := _tmp_leftovers():
+        sys.stderr.write(f"\nleft in {SESSION_TMP.parent} by the tests (TMPDIR not honoured?):"
+                         f" {', '.join(left_in_tmp)}\n")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def _end_leftover_processes(session: pytest.Session) -> None:
     from orchestrator.process import marked, terminate_pids
 
     time.sleep(0.2)  # a process killed just before the end may still be exiting

@@ -434,3 +434,18 @@ def test_argv_items_written_as_numbers_are_their_text(pdir: PlanDir) -> None:
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
     assert pdir.statuses() == {"a": "completed"}
+
+
+def test_the_readmes_demo_plan_completes_and_resumes(tmp_path: Path) -> None:
+    """plans/demo.yaml is the README's run command: it must do its job, then have nothing to do."""
+    demo = Path(__file__).resolve().parent.parent / "plans" / "demo.yaml"
+    args = ("run", demo, "--store", tmp_path / "demo.db", "--var", f"workdir={tmp_path / 'w'}")
+    first = run_orch(*args)
+    assert first.returncode == 0, first.stderr
+    status = json.loads(run_orch("status", "--store", tmp_path / "demo.db", "--json").stdout)
+    assert {t["status"] for t in status["tasks"]} == {"completed"}
+    found = {t["id"]: {f["key"]: f["value"] for f in t["findings"]} for t in status["tasks"]}
+    assert found["write_data"]["size"] == 8 * 1024 * 1024
+    assert found["measure"]["read_mb_s"] > 0
+    again = run_orch(*args)
+    assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr

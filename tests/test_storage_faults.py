@@ -315,8 +315,6 @@ def test_files_and_folders_orch_creates_are_private(pdir: PlanDir) -> None:
     assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
 
 
-@pytest.mark.xfail(strict=True, reason="needs process.py: subprocess.Popen(..., "
-                   "umask=store.user_umask()); remove this mark once it is there")
 def test_task_processes_keep_the_users_umask(pdir: PlanDir) -> None:
     """orch's umask 077 is for its own files: a task's files (a venv, say) stay as usual."""
     pdir.write(COUNTING_PLAN.format(root=pdir.root))
