@@ -17,13 +17,13 @@ from .errors import TaskError, TaskTimeout
 from .findings import Finding
 from .process import LOG_LIMIT, terminate_group, user_umask
 from .sizes import parse_size
-from .task import Argv, CheckResult, Context, Precondition, Task
+from .task import CheckResult, Command, Context, Precondition, Task
 
 
 class ShellParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    command: str | Argv = Field(
+    command: Command = Field(
         description="a string run by `bash -c` (with pipefail), or an argv list run directly"
     )
     env: dict[str, str] = {}

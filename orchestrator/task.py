@@ -42,6 +42,18 @@ def _argv_items(value: object) -> object:
 Argv = Annotated[list[str], BeforeValidator(_argv_items)]
 
 
+def _command_shape(value: object) -> object:
+    """One clear error for `command: true` instead of one per member of the union."""
+    if not isinstance(value, str | list):
+        raise ValueError(f"a command is a string (run by bash) or an argv list, not "
+                         f"{type(value).__name__} {value!r}: quote it")
+    return value
+
+
+# A command: a string run by a shell, or an argv list run directly.
+Command = Annotated[str | Argv, BeforeValidator(_command_shape)]
+
+
 class NoParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 

@@ -206,6 +206,18 @@ def test_ill_typed_param(tmp_path: Path) -> None:
     only(path, "# <-E", "task 'a'", "param 'grace'", "valid number")
 
 
+@pytest.mark.parametrize("value", ["true", "5", "{a: 1}"])
+def test_a_command_of_the_wrong_shape_is_one_clear_error(tmp_path: Path, value: str) -> None:
+    """`command: true` (YAML's boolean): one error saying what a command is, not one per member
+    of the str | list union with pydantic's internal names."""
+    path = one_task(tmp_path, f"""
+        kind: shell
+        params:
+          command: {value}  # <-E
+    """)
+    only(path, "# <-E", "param 'command': a command is a string (run by bash) or an argv list")
+
+
 def test_missing_param_points_at_params(tmp_path: Path) -> None:
     """A missing required param is reported on the `params:` line."""
     path = one_task(tmp_path, """
