@@ -106,7 +106,9 @@ def mutants(source: str) -> list[Mutant]:
 
 def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[str, str]:
     """('pass' | 'fail' | 'timeout', the output's tail) for the test files, run from `root`."""
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1"}
+    # ORCH_TEST_SHARED_TMP: a verdict on the mutant, not on /tmp, which other work shares.
+    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
+           "ORCH_TEST_SHARED_TMP": "1"}
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     with tempfile.TemporaryFile() as out:
         # A session of its own: a timed-out pytest is ended with everything it started.
