@@ -127,6 +127,9 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
 
     signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
     signal.signal(signal.SIGHUP, interrupt)
+    # Started with `&` from a script, orch inherits SIGINT ignored (POSIX) and Python then
+    # installs no handler: `kill -INT` would do nothing. A run must always be stoppable.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     digest = plan_digest(plan_file, var_args)
     guess = guess_store(plan_file, store_opt)
     if (digest and guess and not (rerun or from_task or only)

@@ -10,7 +10,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
 
 
 def test_middle_failure_then_resume_runs_first_step_once(pdir: PlanDir) -> None:
@@ -151,6 +151,23 @@ def test_ctrl_c_exits_130_and_leaves_no_child(pdir: PlanDir) -> None:
     assert "Ctrl-C" in pdir.todo("slow")["reason"]
     with pdir.db() as conn:
         assert conn.execute("SELECT outcome FROM runs").fetchone()[0] == "interrupted"
+
+
+def test_sigint_stops_a_run_started_with_sigint_ignored(pdir: PlanDir) -> None:
+    """`orch run ... &` from a script inherits SIGINT ignored: `kill -INT` must still stop it."""
+    import subprocess
+
+    plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
+    proc = subprocess.Popen(
+        [ORCH, "run", str(plan)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        start_new_session=True, env={**os.environ, "NO_COLOR": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `&` does
+    wait_for(lambda: (pdir.root / "child.pid").exists() and
+             (pdir.root / "child.pid").read_text().strip() != "", what="child")
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert pdir.statuses()["slow"] == "interrupted"
 
 
 def test_sigterm_is_handled_like_ctrl_c(pdir: PlanDir) -> None:
