@@ -35,7 +35,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.containment import Jail, cgroup2_mount  # noqa: E402
 from orchestrator.executor import PROCESS_MARKER, store_tag  # noqa: E402
-from orchestrator.process import is_alive, terminate_pids  # noqa: E402
+from orchestrator.process import is_alive, marked, terminate_pids  # noqa: E402
 
 ORCH = str(Path(sys.executable).parent / "orch")
 TASKS = 30
@@ -80,17 +80,7 @@ def completed(store: Path) -> set[str]:
 def orphans(tag: str, store: Path) -> list[int]:
     """Live processes carrying the tag, or held in the cgroup of one of the plan's attempts
     (named from its marker; other orch runs on the host have cgroups there too)."""
-    found = set()
-    entry = f"CAMPAIGN={tag}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry in env and is_alive(int(pid)):
-            found.add(int(pid))
+    found = set(marked(("CAMPAIGN", tag)))
     mount = cgroup2_mount()
     with contextlib.closing(sqlite3.connect(store)) as conn:
         attempts = conn.execute("SELECT DISTINCT run_id, task_id, attempt FROM transitions"

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.containment import Jail, cgroup2_mount, detect
 from orchestrator.executor import PROCESS_MARKER, store_tag
-from orchestrator.process import LogCap, terminate_pids
+from orchestrator.process import LogCap, marked, terminate_pids
 
 from conftest import ORCH, PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sandbox import Sandbox, remove, start
@@ -197,24 +197,10 @@ def test_no_spawn_record_window(pdir: PlanDir, mechanism: str) -> None:
     (pdir.root / "fast").touch()
     assert run_orch("run", plan).returncode == 0
     time.sleep(0.1)
-    left = _tagged(f"TESTTAG={tag}")
+    left = marked(("TESTTAG", tag))
     terminate_pids(left, grace=1.0)
     assert not left, f"processes of killed attempts survived: {left}"
     assert early >= 1, "no kill landed before the pgid was recorded: the window went untested"
-
-
-def _tagged(entry: str) -> list[int]:
-    found = []
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if entry.encode() in env and pid_alive(int(pid)):
-            found.append(int(pid))
-    return found
 
 
 def test_zombie_orch_is_judged_dead(pdir: PlanDir, escapees: list[int]) -> None:
