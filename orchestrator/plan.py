@@ -510,7 +510,8 @@ def _message(error: Any) -> str:
 
 
 def parse_var(text: str) -> tuple[str, Any]:
-    """`--var key=value`; the value is read as YAML, so `--var tp=8` is an int."""
+    """`--var key=value`; the value is read as YAML, so `--var tp=8` is an int. Text that is
+    not valid YAML is refused, not taken as a string: `--var 'x=[1,'` is a typo, not a name."""
     import yaml
 
     key, sep, raw = text.partition("=")
@@ -521,8 +522,10 @@ def parse_var(text: str) -> tuple[str, Any]:
         return key, yaml.safe_load(raw) if raw else ""
     except PlanError as exc:
         raise ValueError(f"--var {key}: {exc.issues[0].message}") from None
-    except yaml.YAMLError:
-        return key, raw
+    except yaml.YAMLError as exc:
+        problem = getattr(exc, "problem", None) or "not valid YAML"
+        raise ValueError(f"--var {key}={raw!r} is not valid YAML ({problem}): for text, quote "
+                         f"it: --var '{key}=\"...\"'") from None
 
 
 def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

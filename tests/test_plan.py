@@ -713,11 +713,31 @@ def test_var_override_unknown_and_other_errors_together(tmp_path: Path) -> None:
     ("cmd=a=b", ("cmd", "a=b")),
     ("empty=", ("empty", "")),
     ("list=[1, 2]", ("list", [1, 2])),
-    ("broken=[1, 2", ("broken", "[1, 2")),
+    ('quoted="a: b"', ("quoted", "a: b")),
 ])
 def test_parse_var(text: str, expected: tuple[str, Any]) -> None:
-    """`--var KEY=VALUE` reads the value as YAML, falling back to the raw text."""
+    """`--var KEY=VALUE` reads the value as YAML."""
     assert parse_var(text) == expected
+
+
+@pytest.mark.parametrize("text", ["broken=[1, 2", "x=[1,", "m={a: [b}", "q='open"])
+def test_parse_var_refuses_bad_yaml(text: str) -> None:
+    """Bad YAML is a usage error naming the var, not silently a string (a typo'd list would
+    otherwise reach a task as text)."""
+    with pytest.raises(ValueError, match=rf"--var {text.split('=')[0]}=.* is not valid YAML"):
+        parse_var(text)
+
+
+def test_cli_bad_var_yaml_exits_2(tmp_path: Path) -> None:
+    path = write(tmp_path, """
+        name: t
+        vars: {x: 1}
+        tasks:
+          - {id: a, kind: shell, params: {command: 'true'}}
+    """)
+    done = run_orch("plan", path, "--var", "x=[1,", cwd=tmp_path)
+    assert done.returncode == 2 and "is not valid YAML" in done.stderr
+    assert "Traceback" not in done.stderr
 
 
 @pytest.mark.parametrize("text", ["novalue", "=5", ""])
