@@ -15,7 +15,7 @@ from typing import Any
 from .durations import format_duration
 from .findings import Finding
 from .status import TODOWRITE, Status
-from .terminal import clean
+from .terminal import clean, plural
 
 STATUS_SCHEMA = "orch.status/v1"
 
@@ -105,7 +105,7 @@ def render_board(
         lines.append(paint(line[:3], code) + line[3:])
     total = counts(rows)
     parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
-    lines.append(f"{len(rows)} tasks: " + " · ".join(parts) if rows else "no tasks")
+    lines.append(f"{plural(len(rows), 'task')}: " + " · ".join(parts) if rows else "no tasks")
     for r in rows:
         if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
             error = clean(r["last_error"], multiline=False)

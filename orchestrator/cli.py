@@ -313,7 +313,9 @@ def validate(plan_file: Path, as_json: bool) -> None:
             indent=2))
     else:
         kinds = sorted({t.spec.kind for t in plan.tasks})
-        click.echo(f"{plan_file}: ok, plan {plan.name!r} with {len(plan.tasks)} tasks "
+        from .terminal import plural
+
+        click.echo(f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')} "
                    f"({', '.join(kinds)})")
 
 

@@ -7,6 +7,11 @@ import re
 from typing import TextIO
 
 
+def plural(count: int, word: str, many: str | None = None) -> str:
+    """`1 task`, `2 tasks`, `0 tasks`; `many` where adding an s is wrong (process, processes)."""
+    return f"{count} {word if count == 1 else many or word + 's'}"
+
+
 def use_color(stream: TextIO) -> bool:
     """Colour only on a terminal, never when NO_COLOR is set (https://no-color.org)."""
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"

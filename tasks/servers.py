@@ -41,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.containment import Jail, jail
 from orchestrator.process import is_alive, last_line, tail, user_umask
+from orchestrator.terminal import plural
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners
@@ -283,7 +284,8 @@ class _Group:
         ended = _jail(handle).end(grace, leader)
         if not ended:
             return f"server {handle['marker']} had already exited"
-        return (f"ended pid {pid} and every process it spawned ({len(ended)}: "
+        count = plural(len(ended), "process", "processes")
+        return (f"ended pid {pid} and every process it spawned ({count}: "
                 f"{', '.join(map(str, ended))}) in {time.monotonic() - started:.1f}s")
 
 

@@ -49,7 +49,7 @@ def test_status_imports_nothing_heavy(pdir: PlanDir) -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
-    assert "1 tasks: 1 completed" in out
+    assert "1 task: 1 completed" in out
     assert "LOADED []" in out
 
 
@@ -114,7 +114,7 @@ def test_rerun_of_finished_plan_imports_nothing_heavy(pdir: PlanDir) -> None:
     """)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
-    assert "1 tasks: 1 completed" in out
+    assert "1 task: 1 completed" in out
     assert "LOADED []" in out
 
 
