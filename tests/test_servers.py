@@ -334,7 +334,7 @@ def test_a_server_process_that_leaves_its_group_is_ended_too(tmp_path: Path) -> 
     """))
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert "every process it spawned (2: " in r.stderr  # bash's python, and the sleep
+    assert "every process it spawned (2 processes: " in r.stderr  # bash's python, and the sleep
     assert marked_processes(tmp_path) == []
 
 
