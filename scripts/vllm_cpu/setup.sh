@@ -13,6 +13,10 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 DIR=${1:-$HERE/../../.servers}
 mkdir -p "$DIR"
 DIR=$(cd "$DIR" && pwd)
+# Importing vllm makes torch's inductor cache in the temp folder: a private one, removed after.
+TMPDIR=$(mktemp -d)
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 if ! "$DIR/venv/bin/python" -c "import vllm, transformers" 2>/dev/null; then
     rm -rf "$DIR/venv"
     python3 -m venv "$DIR/venv"
