@@ -360,23 +360,28 @@ def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
 
 
 @cli.command()
-@click.argument("task_id", metavar="ID")
-@click.option("--plan", "plan_file", type=click.Path(path_type=Path), help="The plan (to find "
-              "its store).")
+@click.argument("words", metavar="[PLAN] ID", nargs=-1, required=True)
+@click.option("--plan", "plan_opt", type=click.Path(path_type=Path), hidden=True)  # before 0.3
 @store_option
 @click.option("--run", "run_id", type=int, help="The log of that run (default: the latest).")
 @click.option("--lines", "-n", type=int, help="Only the last N lines.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the task runs.")
 @click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
-def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: int | None,
-         lines: int | None, follow: bool, path_only: bool) -> None:
+def logs(words: tuple[str, ...], plan_opt: Path | None, store_opt: str | None,
+         run_id: int | None, lines: int | None, follow: bool, path_only: bool) -> None:
     """Print the output a task's processes wrote (its latest attempt, or of --run N).
+
+    PLAN (to find its store) as for `orch status`.
 
     \b
     Example:
-      orch logs install_sglang -n 50
-      orch logs launch_base -f
+      orch logs plans/demo.yaml measure
+      orch logs plans/demo.yaml checksum -n 5
     """
+    if len(words) > 2:
+        raise UsageError(f"orch logs takes [PLAN] ID, not {' '.join(words)!r}")
+    plan_file = Path(words[0]) if len(words) == 2 else plan_opt
+    task_id = words[-1]
     import time
 
     from .process import tail
@@ -389,7 +394,12 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
     try:
         row = store.todo(task_id)
         if row is None:
-            raise UsageError(f"no task {task_id!r} in {path}")
+            from .errors import did_you_mean
+
+            known = [r["id"] for r in store.todos()]
+            raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
+        if run_id and not any(r["id"] == run_id for r in store.runs(limit=1_000_000)):
+            raise UsageError(f"{path} has no run #{run_id}")
         log = (runs_dir(path) / str(run_id) / f"{task_id}.log") if run_id else (
             Path(row["log_path"]) if row["log_path"] else None)
         if log is None or not log.exists():
@@ -421,22 +431,25 @@ def logs(task_id: str, plan_file: Path | None, store_opt: str | None, run_id: in
 
 
 @cli.command()
-@click.option("--plan", "plan_file", type=click.Path(path_type=Path),
-              help="The plan (to find its store).")
+@click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
+@click.option("--plan", "plan_opt", type=click.Path(path_type=Path), hidden=True)  # before 0.3
 @store_option
 @click.option("--task", "task_id", metavar="ID", help="The status transitions of one task.")
 @click.option("--transitions", is_flag=True, help="Every status transition, oldest first.")
 @click.option("--limit", default=20, show_default=True, help="How many rows.")
 @json_option
-def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
-            transitions: bool, limit: int, as_json: bool) -> None:
+def history(plan_file: Path | None, plan_opt: Path | None, store_opt: str | None,
+            task_id: str | None, transitions: bool, limit: int, as_json: bool) -> None:
     """List past runs, or the status transitions of the plan or of one task.
+
+    PLAN (to find its store) as for `orch status`.
 
     \b
     Example:
-      orch history
-      orch history --task install_sglang
+      orch history plans/demo.yaml
+      orch history plans/demo.yaml --task checksum
     """
+    plan_file = plan_file or plan_opt
     from .board import iso
     from .terminal import clean
 
@@ -465,6 +478,56 @@ def history(plan_file: Path | None, store_opt: str | None, task_id: str | None,
     for r in runs:
         click.echo(f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
                    f"pid {r['pid']}@{r['host']}  {r['argv']}")
+
+
+# --- report ----------------------------------------------------------------------------------
+
+
+@cli.command()
+@click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
+@store_option
+@click.option("--run", "run_id", type=int, help="The timeline of that run (default: the latest).")
+@click.option("--output", "-o", "out_dir", type=click.Path(path_type=Path),
+              help="Folder for report.html and its PNGs (default: <store>.report/ beside it).")
+@json_option
+def report(plan_file: Path | None, store_opt: str | None, run_id: int | None,
+           out_dir: Path | None, as_json: bool) -> None:
+    """Write an HTML report: the run's timeline, the board, and each kind's figures.
+
+    One self-contained page (opens offline; figures inlined) and every figure as a PNG beside
+    it: for benchmarks, throughput and per-request speed against achieved concurrency with
+    their intervals, TTFT/TPOT percentiles and acceptance; for analyze.compare, baseline and
+    candidates on the same charts and the analysis.
+
+    \b
+    Example:
+      orch report plans/demo.yaml
+      orch report plans/rehearsal.yaml -o /srv/www/rehearsal
+    """
+    from . import registry
+    from .report import write_report
+
+    path = _store_path(store_opt, None, plan_file)
+    store = _open_store(path)
+
+    def sections_of(kind: str, findings: Any) -> Any:
+        try:
+            cls = registry.resolve(kind)
+        except registry.UnknownKind:
+            return ()  # a kind not installed here: the board still shows its findings
+        return cls.report(findings) if hasattr(cls, "report") else ()
+
+    try:
+        page, figures = write_report(store, out_dir or path.with_suffix(".report"), sections_of,
+                                     run_id)
+    finally:
+        store.close()
+    if as_json:
+        click.echo(json.dumps({"report": str(page), "figures": [str(f) for f in figures]}))
+    else:
+        from .terminal import plural
+
+        click.echo(f"{page} ({plural(len(figures), 'figure')} beside it)")
 
 
 # --- shared ----------------------------------------------------------------------------------

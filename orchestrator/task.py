@@ -12,7 +12,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict
 
@@ -20,6 +20,9 @@ from .durations import parse_duration
 from .errors import TaskError
 from .findings import Finding, FindingValue, parse_finding_line
 from .process import LOG_LIMIT, ProcessResult, run_process
+
+if TYPE_CHECKING:
+    from .report import Section
 
 # A params field written as `30s`, `5m`, `1h30m` or seconds; pydantic holds it as float seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -180,6 +183,13 @@ class Task(Generic[P]):
     def run(self, ctx: Context) -> None:
         """Do the work; raise TaskError to fail with a plain message."""
         raise NotImplementedError
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        """What `orch report` shows for a task of this kind beyond the board: figures and text
+        made from its latest attempt's findings (orchestrator.report.Section). Called only by
+        `orch report`, so a kind may import its plotting code here."""
+        return ()
 
     @classmethod
     def release(cls, data: dict[str, Any]) -> str:

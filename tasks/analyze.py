@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -98,7 +99,8 @@ from pydantic import (
     model_validator,
 )
 
-from orchestrator import Context, Task, TaskError
+from orchestrator import Context, Finding, Task, TaskError
+from orchestrator.report import Section
 
 SCHEMA = "orch.bench/v2"  # what bench.serve writes
 SCHEMAS = ("orch.bench/v1", SCHEMA)  # what this module reads
@@ -1158,6 +1160,9 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
            "windows, [min, max] covers a level's median with probability 1 - 2^(1-n): 75% for "
            f"3, 94% for 5). A level is a win when the whole interval lies above 1 + {noise:.0%}, "
            f"a loss when below 1 - {noise:.0%}, else even.", "",
+           "Curves of these results (throughput and per-request speed against concurrency "
+           "with their intervals, TTFT/TPOT percentiles, acceptance): `orch report PLAN`, "
+           f"section `{task_id}`.", "",
            "Acceptance on one definition: accepted / proposed drafts = (tau-1)/k; alpha is the "
            "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau "
            "(serving-reference.md sections 0.1 and 4).", "",
@@ -1313,3 +1318,37 @@ class AnalyzeCompare(Task[CompareParams]):
         for v in verdicts:
             record(ctx, v)
         ctx.finding("report", str(report), note=f"{len(verdicts)} candidate(s)")
+        inputs = report.with_suffix(".inputs.json")  # what `orch report` draws the curves from
+        inputs.write_text(json.dumps({"baseline": _document(p.baseline), "candidates": {
+            name: _document(src) for name, src in p.candidates.items()}}))
+        ctx.finding("inputs", str(inputs), note="the compared results, for orch report")
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        """Baseline and candidates on the same charts, then the analysis as written."""
+        from tasks.benchplots import bench_figures
+
+        notes, figures, text = [], [], ""
+        if (found := findings.get("inputs")) is not None:
+            try:
+                inputs = json.loads(Path(str(found.value)).read_text())
+                series = [(f"baseline: {inputs['baseline'].get('label') or 'baseline'}",
+                           inputs["baseline"])]
+                series += [(name, doc) for name, doc in inputs["candidates"].items()]
+                figures = bench_figures("compare", series)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+                notes.append(f"{found.value}: cannot be drawn ({exc})")
+        if (md := findings.get("report")) is not None:
+            try:
+                text = Path(str(md.value)).read_text()
+            except OSError as exc:
+                notes.append(f"{md.value}: cannot be read ({exc.strerror})")
+        return (Section("Analysis: baseline and candidates", figures, text, tuple(notes)),)
+
+
+def _document(source: Result | str) -> dict[str, Any]:
+    """The orch.bench document as written (a file's JSON, or an inline result's fields)."""
+    if isinstance(source, Result):
+        return {"schema": SCHEMA, **source.model_dump(mode="json", exclude_none=True)}
+    data = json.loads(Path(source).read_text())  # load_result read it already: it is JSON
+    return data if isinstance(data, dict) else {}

@@ -59,7 +59,7 @@ import json
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,7 +67,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator import Context, Duration, Task, TaskError
+from orchestrator import Context, Duration, Finding, Task, TaskError
+from orchestrator.report import Section
 from probes import http
 from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate
 
@@ -595,6 +596,23 @@ class BenchServe(Task[BenchParams]):
 
     Params = BenchParams
     path_params = frozenset({"dataset", "output"})  # reads; writes
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        """Its curves, from the result document it wrote (gone or unreadable: a note)."""
+        from tasks.benchplots import bench_figures, read_document
+
+        if (result := findings.get("result")) is None:
+            return ()
+        doc, problem = read_document(str(result.value))
+        if doc is None:
+            return (Section(f"Benchmark {result.value}", notes=(problem,)),)
+        label = str(doc.get("label") or "benchmark")
+        source = doc.get("source") or {}
+        return (Section(f"Benchmark: {label}", bench_figures(str(source.get("task") or label),
+                                                             [(label, doc)]),
+                        notes=(f"{result.value} (run {source.get('run')}, task "
+                               f"{source.get('task')}, {source.get('at')})",)),)
 
     def run(self, ctx: Context) -> None:
         p = self.params

@@ -597,7 +597,7 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert "| vllm_eagle3 |" in Path(g["report"]["value"]).read_text()
     board = run_orch("status", plan)
     assert "aq_medai.verdict=not compared" in board.stdout
-    assert "| aq_medai |" in run_orch("logs", "analyze", "--plan", plan).stdout
+    assert "| aq_medai |" in run_orch("logs", plan, "analyze").stdout
 
 
 def test_results_read_from_json_files(pdir: PlanDir) -> None:

@@ -139,9 +139,26 @@ def test_logs_follow_until_the_task_ends_and_tail(pdir: PlanDir) -> None:
     proc = start_orch("run", plan)
     try:
         wait_for(running)
-        r = run_orch("logs", "a", "-f", "--plan", plan, timeout=30)
+        r = run_orch("logs", plan, "a", "-f", timeout=30)
         assert r.stdout.splitlines()[-3:] == ["line 1", "line 2", "line 3"]
     finally:
         proc.communicate(timeout=30)
-    assert run_orch("logs", "a", "-n", "1", "--plan", plan).stdout == "line 3\n"
-    assert run_orch("logs", "zz", "--plan", plan).returncode == 2
+    assert run_orch("logs", plan, "a", "-n", "1").stdout == "line 3\n"
+    assert run_orch("logs", plan, "zz").returncode == 2
+
+
+def test_logs_and_history_take_the_plan_as_status_does(pdir: PlanDir, tmp_path: Path) -> None:
+    """PLAN is the first argument of every command; an unknown task gets a suggestion, a run
+    that does not exist is named as such, and the old `--plan` still works."""
+    plan = pdir.write("name: t\ntasks: [{id: measure, kind: shell, params: {command: echo hi}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    assert run_orch("logs", plan, "measure", cwd=elsewhere).stdout.endswith("hi\n")
+    assert run_orch("logs", "measure", "--plan", plan, cwd=elsewhere).stdout.endswith("hi\n")
+    assert "#1" in run_orch("history", plan, cwd=elsewhere).stdout
+    typo = run_orch("logs", plan, "mesure")
+    assert typo.returncode == 2 and "did you mean 'measure'?" in typo.stderr
+    missing = run_orch("logs", plan, "measure", "--run", "99")
+    assert missing.returncode == 2 and "has no run #99" in missing.stderr
+    assert run_orch("logs", plan, "measure", "extra").returncode == 2

@@ -95,7 +95,7 @@ def test_without_driver_kinds_block_and_fail_clearly(pdir: PlanDir) -> None:
             f"precondition {check} failed: NVML unavailable: no NVIDIA driver here")
     assert tasks["wait"]["status"] == "failed"
     assert tasks["wait"]["last_error"].startswith("NVML unavailable: no NVIDIA driver here")
-    log = run_orch("logs", "wait", "--plan", plan)
+    log = run_orch("logs", plan, "wait")
     assert "Traceback" not in r.stdout + r.stderr + log.stdout
 
 

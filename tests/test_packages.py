@@ -85,7 +85,7 @@ def _findings(plan: Path) -> dict[str, dict[str, Any]]:
 
 
 def _log(plan: Path) -> str:
-    return run_orch("logs", "a", "--plan", plan).stdout
+    return run_orch("logs", plan, "a").stdout
 
 
 def _in_venv(venv: Path, code: str) -> str:

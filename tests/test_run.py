@@ -206,7 +206,7 @@ def test_python_task_findings_and_user_errors(pdir: PlanDir) -> None:
     assert tasks["greet"]["findings"][0]["value"] == "hello orch"
     assert tasks["crash"]["status"] == "failed"
     assert tasks["crash"]["last_error"] == "RuntimeError: kaboom in user code"
-    log = run_orch("logs", "crash", "--plan", plan)
+    log = run_orch("logs", plan, "crash")
     assert "Traceback" in log.stdout and "kaboom" in log.stdout
 
 

@@ -55,8 +55,8 @@ def test_secret_values_are_masked_everywhere_orch_writes(pdir: PlanDir) -> None:
     r = run_orch("run", plan, "--var", "password=hunter2-cli", cwd=pdir.root, env=env)
     assert r.returncode == 1, r.stderr  # `test TOKEN = x` fails: the error quotes the command
     outputs = [r.stdout, r.stderr]
-    for args in (("status", plan), ("status", plan, "--json"), ("history", "--plan", plan),
-                 ("history", "--plan", plan, "--json"), ("logs", "use", "--plan", plan)):
+    for args in (("status", plan), ("status", plan, "--json"), ("history", plan),
+                 ("history", plan, "--json"), ("logs", plan, "use")):
         shown = run_orch(*args, cwd=pdir.root, env=env)
         assert shown.returncode in (0, 1), shown.stderr
         outputs += [shown.stdout, shown.stderr]

@@ -48,8 +48,8 @@ tasks:
 COMMANDS = {
     "run": ["run", "plan.yaml"],
     "status": ["status", "plan.yaml"],
-    "logs": ["logs", "a", "--plan", "plan.yaml"],
-    "history": ["history", "--plan", "plan.yaml"],
+    "logs": ["logs", "plan.yaml", "a"],
+    "history": ["history", "plan.yaml"],
 }
 
 
@@ -272,9 +272,9 @@ def test_read_only_store_can_be_read_but_not_run(tmp_path: Path) -> None:
         subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
         status = run_orch("status", "plan.yaml", cwd=root)
         assert status.returncode == 0 and "1 completed" in status.stdout, status.stderr
-        logs = run_orch("logs", "a", "--plan", "plan.yaml", cwd=root)
+        logs = run_orch("logs", "plan.yaml", "a", cwd=root)
         assert logs.returncode == 0 and "echo ran" in logs.stdout, logs.stderr
-        history = run_orch("history", "--plan", "plan.yaml", cwd=root)
+        history = run_orch("history", "plan.yaml", cwd=root)
         assert history.returncode == 0 and "completed" in history.stdout, history.stderr
         run = run_orch("run", "plan.yaml", "--rerun", "a", cwd=root)
         assert_refused(run, "read-only")

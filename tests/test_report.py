@@ -1,0 +1,145 @@
+"""`orch report`: the page, its figures, and how a real browser shows them."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from orchestrator.findings import Finding
+from orchestrator.report import attempts_of
+from tasks.loadgen import BenchServe
+
+from browser import open_page
+from conftest import PlanDir, run_orch
+
+
+def blankness(png: bytes) -> float:
+    """Share of pixels that differ from the image's most common colour (0: blank)."""
+    import matplotlib.image
+    import numpy as np
+
+    pixels = matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3].reshape(-1, 3)
+    colours, counts = np.unique((pixels * 255).astype(np.uint8), axis=0, return_counts=True)
+    return float(1 - counts.max() / counts.sum())
+
+
+def level(c: int, tok_s: float, tpot: float, spec: dict[str, Any] | None = None) -> dict[str, Any]:
+    got: dict[str, Any] = {
+        "concurrency": c, "achieved_concurrency": c * 0.97, "output_tok_s": tok_s,
+        "tpot_ms": tpot, "ttft_ms": 20.0 + c, "windows": 3, "stable": True, "spread": 0.04,
+        "interval": {"output_tok_s": [tok_s * 0.96, tok_s * 1.03],
+                     "tpot_ms": [tpot * 0.98, tpot * 1.02]},
+        "ttft": {"mean": 21.0 + c, "p50": 20.0 + c, "p90": 30.0 + c, "p99": 40.0 + c},
+        "tpot": {"mean": tpot, "p50": tpot, "p90": tpot * 1.2, "p99": tpot * 1.5},
+    }
+    if spec:
+        got["spec"] = spec
+    return got
+
+
+def bench_doc(label: str, task: str, speed: float, spec: dict[str, Any] | None = None
+              ) -> dict[str, Any]:
+    return {"schema": "orch.bench/v2", "label": label,
+            "source": {"run": 1, "task": task, "at": "2026-12-03T12:00:00+00:00"},
+            "levels": [level(c, 100 * c * speed / (1 + c / 16), 7.0 / speed, spec)
+                       for c in (1, 4, 16)],
+            "server": {"engine": "vllm", "version": "0.32.0"},
+            "benchmark": {"tool": "orch bench.serve", "output_tokens": 64, "requests": 32}}
+
+
+@pytest.fixture
+def compared(pdir: PlanDir) -> Path:
+    """A finished plan: a flaky step that failed once, a skip, a hostile finding, and an
+    analyze.compare of two constructed benchmark results."""
+    spec = {"accept_length": 2.2, "draft_tokens": 3, "acceptance": 0.4, "alpha": 0.55}
+    base, cand = pdir.root / "base.json", pdir.root / "cand.json"
+    base.write_text(json.dumps(bench_doc("vllm tiny", "bench_base", 1.0)))
+    cand.write_text(json.dumps(bench_doc("eagle3", "bench_spec", 1.3, spec)))
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: flaky
+            kind: shell
+            retries: {{attempts: 2, delay: 200ms}}
+            params: {{command: "echo x >> {pdir.root}/n; [ $(wc -l < {pdir.root}/n) -ge 2 ]"}}
+          - id: hostile
+            kind: shell
+            params:
+              command: [echo, "::finding html='<script>alert(1)</script><img src=x>'"]
+          - {{id: never, kind: shell, when: "false", params: {{command: "true"}}}}
+          - id: analyze
+            kind: analyze.compare
+            params: {{baseline: {base}, candidates: {{eagle3: {cand}}}}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    return plan
+
+
+def test_the_report_has_the_timeline_board_and_every_kinds_figures(compared: Path) -> None:
+    r = run_orch("report", compared, "--json")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    page = Path(out["report"])
+    names = sorted(Path(f).name for f in out["figures"])
+    assert names == ["compare-acceptance.png", "compare-latency.png", "compare-speed.png",
+                     "compare-throughput.png", "timeline.png"]
+    for figure in out["figures"]:
+        assert blankness(Path(figure).read_bytes()) > 0.01, figure
+    text = page.read_text()
+    assert text.count("data:image/png;base64,") == 5  # inlined: the page stands alone
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;&lt;img src=x&gt;" in text
+    assert "<script>" not in text and "src=x" not in text.replace("src=x&gt;", "")
+    assert "default-src 'none'" in text  # nothing is ever fetched, even from a finding
+    assert "eagle3" in text and "Analysis: baseline and candidates" in text
+
+
+def test_attempts_of_a_retried_task_are_two_bars_and_a_skip_is_a_mark(compared: Path) -> None:
+    import sqlite3
+
+    with sqlite3.connect(compared.parent / ".orch" / "t.db") as conn:
+        conn.row_factory = sqlite3.Row
+        moves = conn.execute("SELECT * FROM transitions ORDER BY seq").fetchall()
+    ran, marks = attempts_of(moves)
+    flaky = [(a.attempt, a.outcome) for a in ran if a.task_id == "flaky"]
+    assert flaky == [(1, "failed"), (2, "completed")]
+    assert [(m.task_id, m.outcome) for m in marks] == [("never", "skipped")]
+    first, second = (a for a in ran if a.task_id == "flaky")
+    assert first.end is not None and second.start - first.end >= 0.2  # the retry delay shows
+
+
+def test_report_without_a_run_or_of_a_missing_run_is_a_usage_error(pdir: PlanDir) -> None:
+    plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    r = run_orch("report", plan, "--run", "99")
+    assert r.returncode == 2 and "has no run #99 (runs: 1-1)" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_bench_serve_draws_its_own_result_and_says_when_it_cannot(tmp_path: Path) -> None:
+    doc = tmp_path / "r.json"
+    doc.write_text(json.dumps(bench_doc("vllm tiny", "bench_base", 1.0)))
+    (section,) = BenchServe.report({"result": Finding("result", str(doc))})
+    assert [f.name for f in section.figures] == [
+        "bench_base-throughput", "bench_base-speed", "bench_base-latency"]  # no spec: no tau
+    doc.unlink()
+    (section,) = BenchServe.report({"result": Finding("result", str(doc))})
+    assert not section.figures and "cannot be read" in section.notes[0]
+
+
+def test_the_report_renders_in_a_real_browser(compared: Path, tmp_path: Path) -> None:
+    r = run_orch("report", compared, "--json")
+    page = Path(json.loads(r.stdout)["report"])
+    view = open_page(page.as_uri())
+    (tmp_path / "report-screenshot.png").write_bytes(view.screenshot)  # the test's artefact
+    assert view.errors == []
+    assert view.title == "orch report: t"
+    assert len(view.images) == 5
+    for image in view.images:
+        assert image["complete"] and image["width"] > 100 and image["height"] > 50, image
+        assert blankness(image["shot"]) > 0.01, f"{image['alt']} is blank on screen"
+    assert blankness(view.screenshot) > 0.01
