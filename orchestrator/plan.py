@@ -14,7 +14,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
@@ -153,7 +153,7 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
     try:
         header = PlanHeader.model_validate({**src.data, "tasks": src.data.get("tasks") or []})
     except ValidationError as exc:
-        issues += [src.issue(tuple(e["loc"]), _sentence(e)) for e in exc.errors()]
+        issues += [src.issue(tuple(e["loc"]), _sentence(e, PlanHeader)) for e in exc.errors()]
         header = None
     # A bad name or description must not hide the tasks' problems; bad vars or tasks would
     # only bury the real error under follow-on ones, so stop there.
@@ -184,7 +184,8 @@ def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
             specs.append((i, TaskSpec.model_validate(raw)))
         except ValidationError as exc:
             label = f"task {raw_id!r}: " if isinstance(raw_id, str) else ""
-            issues += [src.issue((*where, *e["loc"]), label + _sentence(e)) for e in exc.errors()]
+            issues += [src.issue((*where, *e["loc"]), label + _sentence(e, TaskSpec))
+                       for e in exc.errors()]
             if (salvaged := _salvage(raw, exc)) is not None:
                 specs.append((i, salvaged))
 
@@ -496,13 +497,28 @@ def _dependency_order(tasks: list[PlannedTask], file_order: dict[str, int]) -> l
     return ordered
 
 
-def _sentence(error: Any) -> str:
+def _sentence(error: Any, model: type[BaseModel] | None = None) -> str:
     loc = ".".join(str(p) for p in error["loc"])
     if error["type"] == "extra_forbidden":
-        return f"unknown field {loc!r}"
+        known = _fields_at(model, error["loc"][:-1]) if model else []
+        return f"unknown field {loc!r}{did_you_mean(str(error['loc'][-1]), known)}"
     if error["type"] == "missing":
         return f"missing field {loc!r}"
+    if error["type"] == "too_short" and loc == "tasks":
+        return "tasks: the list is empty; a plan needs at least one task"
     return f"{loc}: {_message(error)}" if loc else _message(error)
+
+
+def _fields_at(model: type[BaseModel], loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the model found at `loc` inside `model` (`retries` -> Retries)."""
+    for part in loc:
+        field = model.model_fields.get(str(part))
+        kinds = (field.annotation, *get_args(field.annotation)) if field else ()
+        found = next((a for a in kinds if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if found is None:
+            return []
+        model = found
+    return list(model.model_fields)
 
 
 def _message(error: Any) -> str:

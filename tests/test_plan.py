@@ -387,7 +387,19 @@ def test_duplicate_yaml_key(tmp_path: Path) -> None:
 def test_unknown_task_field(tmp_path: Path) -> None:
     """A misspelt task field is named on its line, not ignored."""
     path = one_task(tmp_path, "kind: shell\nparams: {command: 'true'}\nneed: [b]  # <-E")
-    only(path, "# <-E", "task 'a'", "unknown field 'need'")
+    only(path, "# <-E", "task 'a'", "unknown field 'need'", "(did you mean 'needs'?)")
+
+
+def test_unknown_nested_field_suggests_from_its_own_model(tmp_path: Path) -> None:
+    """`retries.attemps` is compared with Retries' fields, not the task's."""
+    path = one_task(tmp_path, "kind: shell\nparams: {command: 'true'}\n"
+                              "retries: {attemps: 2}  # <-E")
+    only(path, "# <-E", "unknown field 'retries.attemps'", "(did you mean 'attempts'?)")
+
+
+def test_an_empty_task_list_says_so_plainly(tmp_path: Path) -> None:
+    path = write(tmp_path, "name: t\ntasks: []  # <-E\n")
+    only(path, "# <-E", "tasks: the list is empty; a plan needs at least one task")
 
 
 def test_bad_task_id(tmp_path: Path) -> None:
@@ -543,13 +555,13 @@ def test_precondition_errors(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("text", "line", "words"), [
     ("- just\n- a list\n", 1, ["a plan is a mapping"]),
     ("", None, ["a plan is a mapping"]),
-    ("name: t\n", 1, ["tasks", "at least 1"]),
-    ("name: t\ntasks: []\n", 2, ["tasks", "at least 1"]),
+    ("name: t\n", 1, ["tasks", "needs at least one task"]),
+    ("name: t\ntasks: []\n", 2, ["tasks", "needs at least one task"]),
     ("name: t\ntasks: {a: 1}\n", 2, ["tasks", "valid list"]),
     ("name: t\ntasks: 5\n", 2, ["tasks", "valid list"]),
     ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["vars", "valid dictionary"]),
     ("name: t\ntask: []\ntasks: [{id: a, kind: shell, params: {command: x}}]\n", 2,
-     ["unknown field 'task'"]),
+     ["unknown field 'task'", "(did you mean 'tasks'?)"]),
 ])
 def test_bad_plan_head(tmp_path: Path, text: str, line: int | None, words: list[str]) -> None:
     """A plan that is not a mapping, or has no task list, or bad vars: one error, located."""
