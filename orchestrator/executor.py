@@ -246,22 +246,27 @@ class Runner:
             duration = time.time() - started
             self.settle(task, Status.COMPLETED, None, findings, ended_at=time.time())
             # Findings as one field: a finding named `task` must not collide with the event's.
-            self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s",
-                          findings=summarize(findings) or None)
+            found = {"findings": text} if (text := summarize(findings)) else {}
+            self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s", **found)
             return True
         output = "\n".join(tail(log_path, OUTPUT_TAIL_LINES))
         self.settle(task, Status.FAILED, error, findings, last_error=error,
-                    output_tail=output or None, ended_at=time.time())
+                    output_tail=output or None, ended_at=time.time(),
+                    retrying=attempt < task.spec.retries.attempts)
         return False
 
     def settle(
         self, task: PlannedTask, to: Status, reason: str | None, findings: Sequence[Finding] = (),
-        **fields: Any,
+        retrying: bool = False, **fields: Any,
     ) -> None:
-        """Record a task's new status (committed), and react: log it, stop after a failure."""
+        """Record a task's new status (committed), and react: log it, stop after a failure.
+        A failed attempt that will be retried is a warning, not yet the task's failure."""
         self.store.transition(task.id, to, reason, self.run_id, findings, **fields)
         self.statuses[task.id] = to
         if to is Status.COMPLETED or to is Status.INTERRUPTED:
+            return
+        if retrying:
+            self.log.warning("task.attempt_failed", task=task.id, why=reason)
             return
         event = {Status.SKIPPED: "task.skipped", Status.BLOCKED: "task.blocked",
                  Status.FAILED: "task.failed"}[to]

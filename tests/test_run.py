@@ -403,6 +403,10 @@ def test_success_on_retry_does_not_stop_the_run(pdir: PlanDir) -> None:
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
     assert pdir.statuses() == {"flaky": "completed", "after": "completed"}
+    # The first failure is an attempt's, not the task's: a warning, then the retry.
+    assert "task.attempt_failed" in r.stderr and "task.failed" not in r.stderr
+    assert r.stderr.index("task.attempt_failed") < r.stderr.index("task.retry")
+    assert "findings=None" not in r.stderr  # a task without findings logs no findings field
 
 
 def test_odd_finding_values_are_kept_as_text_not_corrupted(pdir: PlanDir) -> None:
