@@ -6,9 +6,11 @@ Only click is imported at start-up; each command imports what it needs, so that
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -33,6 +35,39 @@ store_option = click.option("--store", "store_opt", envvar="ORCH_STORE", metavar
                             help=STORE_HELP)
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 plan_argument = click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
+
+
+def vars_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """--var KEY=VALUE (repeatable) and --vars-file FILE (a YAML mapping; a --var wins over
+    it): the command receives them merged as `var_args`."""
+    @functools.wraps(command)
+    def merged(*args: Any, var_args: tuple[str, ...], vars_file: Path | None,
+               **kwargs: Any) -> Any:
+        return command(*args, var_args=(*_vars_file_args(vars_file), *var_args), **kwargs)
+
+    merged = click.option("--vars-file", type=click.Path(path_type=Path), metavar="FILE",
+                          help="Vars from a YAML mapping (a --var wins over it).")(merged)
+    return click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE",
+                        help="Override a var of the plan (value read as YAML). "
+                             "Repeatable.")(merged)
+
+
+def _vars_file_args(path: Path | None) -> tuple[str, ...]:
+    """The vars file as KEY=VALUE words (JSON is YAML), so it goes where --var goes: into the
+    plan and into the digest that says whether a finished plan has anything to do."""
+    if path is None:
+        return ()
+    from .yamlsource import load_yaml
+
+    if not path.is_file():
+        raise UsageError(f"--vars-file {path}: no such file")
+    try:
+        data = load_yaml(path).data
+    except PlanError as exc:
+        raise UsageError(f"--vars-file {path}: {exc.issues[0].message}") from None
+    if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
+        raise UsageError(f"--vars-file {path}: write a mapping of var names to values")
+    return tuple(f"{k}={json.dumps(v)}" for k, v in data.items())
 
 
 class OrchGroup(click.Group):
@@ -98,8 +133,7 @@ def cli() -> None:
               help="Run ID and every task after it in plan order, even if completed.")
 @click.option("--only", multiple=True, metavar="ID",
               help="Run only ID (its needs must be completed). Repeatable.")
-@click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE",
-              help="Override a var of the plan (value read as YAML). Repeatable.")
+@vars_options
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
 @json_option
 def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[str, ...],
@@ -288,18 +322,18 @@ def _stale_of(plan: Plan, rows: Any) -> dict[str, Any]:
 
 @cli.command()
 @plan_argument
+@vars_options
 @json_option
-def validate(plan_file: Path, as_json: bool) -> None:
+def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
     """Check PLAN completely without touching the host; list every problem with its line.
 
     \b
     Example:
       orch validate plans/sglang_migration.yaml
+      orch validate plans/demo.yaml --var size_mb=64
     """
-    from .plan import load_plan
-
     try:
-        plan = load_plan(plan_file)
+        plan = _load(plan_file, var_args)
     except PlanError as exc:
         if as_json:
             click.echo(json.dumps({"ok": False, "errors": [
@@ -325,7 +359,7 @@ def validate(plan_file: Path, as_json: bool) -> None:
 @click.option("--rerun", multiple=True, metavar="ID", help="As for `orch run`.")
 @click.option("--from", "from_task", metavar="ID", help="As for `orch run`.")
 @click.option("--only", multiple=True, metavar="ID", help="As for `orch run`.")
-@click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE", help="As for `orch run`.")
+@vars_options
 @json_option
 def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
              from_task: str | None, only: tuple[str, ...], var_args: tuple[str, ...],

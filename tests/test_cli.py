@@ -162,3 +162,28 @@ def test_logs_and_history_take_the_plan_as_status_does(pdir: PlanDir, tmp_path: 
     missing = run_orch("logs", plan, "measure", "--run", "99")
     assert missing.returncode == 2 and "has no run #99" in missing.stderr
     assert run_orch("logs", plan, "measure", "extra").returncode == 2
+
+
+def test_vars_file_feeds_run_plan_and_validate_and_a_var_wins(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        vars: {{size: 1, label: x}}
+        tasks:
+          - id: a
+            kind: shell
+            params: {{command: "echo ${{vars.size}}-${{vars.label}} > {pdir.root}/out"}}
+    """)
+    vars_file = pdir.root / "vars.yaml"
+    vars_file.write_text("size: 5\nlabel: from-file\n")
+    assert run_orch("validate", plan, "--vars-file", vars_file).returncode == 0
+    r = run_orch("run", plan, "--vars-file", vars_file, "--var", "label=cli")
+    assert r.returncode == 0, r.stderr
+    assert (pdir.root / "out").read_text() == "5-cli\n"
+    vars_file.write_text("size: 6\nlabel: cli\n")  # the file is part of what `run` compares
+    shown = run_orch("plan", plan, "--vars-file", vars_file, "--var", "label=cli").stdout
+    assert "vars.size: 5 -> 6" in shown
+    for bad, says in (("nope.yaml", "no such file"), ("list.yaml", "write a mapping")):
+        if bad == "list.yaml":
+            (pdir.root / bad).write_text("- 1\n")
+        r = run_orch("run", plan, "--vars-file", pdir.root / bad)
+        assert r.returncode == 2 and says in r.stderr, r.stderr
