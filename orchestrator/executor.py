@@ -11,19 +11,21 @@ import graphlib
 import hashlib
 import heapq
 import json
+import os
 import shlex
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import structlog
 
-from . import redact, runlog
+from . import redact, registry, runlog
 from .board import summarize
 from .confine import confine
 from .containment import jail
@@ -66,6 +68,7 @@ class RunResult:
 
 def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     """Run `plan` against the store at `store_path`; the whole life of one `orch run`."""
+    store_path = store_path.absolute()  # tasks run from the plan's folder (from_folder)
     selection = Selection.of(plan, options.rerun, options.from_task, options.only)
     store = Store.open(store_path)
     lock = RunLock(store_path)
@@ -89,9 +92,11 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         release_all(store, log, "left running by an earlier run")
         store.set_meta(DIGEST_KEY, None)
         store.sync_plan(_todo_specs(plan), run_id)
+        runner = Runner(plan, store, run_id, log_dir, selection, options, log,
+                        store_tag(store_path))
         try:
-            result = Runner(plan, store, run_id, log_dir, selection, options, log,
-                            store_tag(store_path)).run()
+            with from_folder(runner.home):
+                result = runner.run()
         finally:  # whatever the outcome, nothing the plan started outlives the run
             release_all(store, log, f"at the end of run #{run_id}")
         # Only a run that looked at every task can vouch that none is stale (finished.py).
@@ -117,6 +122,7 @@ class Runner:
         options: RunOptions, log: Any, tag: str = "",
     ) -> None:
         self.plan, self.store, self.run_id, self.log_dir = plan, store, run_id, log_dir
+        self.home = plan.file.absolute().parent  # where the plan's relative paths start
         self.tag = tag  # tells this store's task markers from another store's
         self.selection, self.options, self.log = selection, options, log
         self.rows = {r["id"]: r for r in store.todos()}
@@ -306,7 +312,7 @@ class Runner:
             except TemplateError as exc:
                 raise TemplateError(f"param {k!r}: {exc}") from None
         for k in cls.path_params & params.keys():
-            confine(k, params[k], resolved[k], (self.plan.file.parent, self.log_dir.parent),
+            confine(k, params[k], resolved[k], (self.home, self.log_dir.parent),
                     self.lookup)
         return resolved
 
@@ -389,6 +395,20 @@ class _Sink:
 
     def release(self, name: str) -> None:
         self.runner.store.release(name, self.task_id, f"by task {self.task_id}")
+
+
+@contextmanager
+def from_folder(home: Path) -> Iterator[None]:
+    """Run the tasks from the plan's folder, wherever orch was started (as go-task runs a
+    Taskfile's tasks from its folder): shell commands and preconditions, relative params
+    (cwd, output, dataset, ...), and `module:function` imports all start there."""
+    before = os.getcwd()
+    os.chdir(home)
+    try:
+        with registry.search(home):
+            yield
+    finally:
+        os.chdir(before)
 
 
 def store_tag(store_path: Path) -> str:

@@ -144,7 +144,13 @@ class Plan:
 
 
 def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
-    """Load and validate a plan; PlanError lists every problem found."""
+    """Load and validate a plan; PlanError lists every problem found. A `module:Class` kind
+    is imported from the plan's folder first."""
+    with registry.search(path.absolute().parent):
+        return _load_plan(path, var_overrides)
+
+
+def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
     src = load_yaml(path)
     issues: list[PlanIssue] = []
     suggest = Suggester()  # one budget for the whole plan: did-you-mean stays linear

@@ -2,7 +2,8 @@
 
 1. the engine's built-ins (`shell`, `python`, precondition `command`);
 2. entry points: group `orch.tasks` / `orch.preconditions` (how `tasks/` and plugins register);
-3. `module:Class`, a user's own class, importable from the working directory or PYTHONPATH.
+3. `module:Class`, a user's own class, importable from the plan's folder, the working directory
+   or PYTHONPATH.
 
 Entry points are loaded only for the kinds a plan names, so a plan pays for what it uses.
 """
@@ -11,7 +12,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from functools import cache
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import did_you_mean
@@ -74,6 +78,18 @@ def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise UnknownKind(f"{kind!r} is not a subclass of orchestrator.{base.__name__}")
     return cls
+
+
+@contextmanager
+def search(folder: Path) -> Iterator[None]:
+    """`module:Class` kinds and `module:function` targets are imported from `folder` (the
+    plan's) first, while the block runs."""
+    sys.path.insert(0, str(folder))
+    try:
+        yield
+    finally:
+        with suppress(ValueError):
+            sys.path.remove(str(folder))
 
 
 def _import(target: str) -> Any:

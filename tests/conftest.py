@@ -52,7 +52,9 @@ def _tmp_leftovers() -> list[str]:
     """What appeared in the system's temp folder during the session, outside SESSION_TMP."""
     if SESSION_TMP is None:
         return []
-    return sorted(set(os.listdir(SESSION_TMP.parent)) - TMP_BEFORE - {SESSION_TMP.name})
+    new = set(os.listdir(SESSION_TMP.parent)) - TMP_BEFORE
+    # Another pytest session's folder is its own to remove (two sessions may run at once).
+    return sorted(n for n in new if not n.startswith("orch-tests-"))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:

@@ -453,3 +453,29 @@ def test_the_readmes_demo_plan_completes_and_resumes(tmp_path: Path) -> None:
     assert found["measure"]["read_mb_s"] > 0
     again = run_orch(*args)
     assert again.returncode == 0 and "nothing to do" in again.stdout + again.stderr
+
+
+def test_tasks_run_from_the_plans_folder_wherever_orch_starts(tmp_path: Path) -> None:
+    """A relative path in a command, a relative cwd and a module:function all start at the
+    plan's folder, not at the directory orch was started from."""
+    home = tmp_path / "runbook"
+    (home / "data").mkdir(parents=True)
+    (home / "notes.txt").write_text("from the plan's folder\n")
+    (home / "data" / "x.txt").write_text("x\n")
+    (home / "helpers_here.py").write_text("def where():\n    import os\n    return os.getcwd()\n")
+    (home / "plan.yaml").write_text("""name: t
+tasks:
+  - {id: cat, kind: shell, params: {command: "cat notes.txt"}}
+  - {id: sub, kind: shell, params: {command: "cat x.txt", cwd: data}}
+  - {id: py, kind: python, params: {function: "helpers_here:where"}}
+""")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    r = run_orch("run", home / "plan.yaml", cwd=elsewhere)
+    assert r.returncode == 0, r.stderr
+    status = json.loads(run_orch("status", home / "plan.yaml", "--json", cwd=elsewhere).stdout)
+    found = {t["id"]: {f["key"]: f["value"] for f in t["findings"]} for t in status["tasks"]}
+    assert found["py"]["result"] == str(home)
+    assert run_orch("logs", home / "plan.yaml", "cat", cwd=elsewhere).stdout.endswith(
+        "from the plan's folder\n")
+    assert not (elsewhere / ".orch").exists()  # the store lives beside the plan
