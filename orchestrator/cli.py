@@ -149,7 +149,7 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
     \b
     Example:
       orch run plans/demo.yaml
-      orch run plans/demo.yaml --rerun build --var size=large
+      orch run plans/demo.yaml --rerun checksum --var size_mb=16
     """
     import signal
 
@@ -242,7 +242,7 @@ def _record_stop(path: Path, why: str) -> None:
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @store_option
 @json_option
-@click.option("--format", "fmt", type=click.Choice(["board", "json", "todowrite"]),
+@click.option("--format", "fmt", type=click.Choice(["board", "todowrite"]),
               default="board", show_default=True, help="todowrite: the agent todo-list schema.")
 def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str) -> None:
     """Show the todo board: one line per task with its findings.
@@ -254,11 +254,11 @@ def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: st
     \b
     Example:
       orch status plans/demo.yaml
-      orch status --format todowrite
+      orch status plans/demo.yaml --format todowrite
     """
     plan = _load(plan_file, ()) if plan_file else None
     path = _store_path(store_opt, plan)
-    _show_status(path, plan, as_json or fmt == "json", todowrite=fmt == "todowrite")
+    _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
 
 
 def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool = False,
@@ -368,7 +368,7 @@ def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
 
     \b
     Example:
-      orch plan plans/demo.yaml --rerun build
+      orch plan plans/demo.yaml --rerun write_data
     """
     from .dryrun import dry_run
 
@@ -536,7 +536,7 @@ def report(plan_file: Path | None, store_opt: str | None, run_id: int | None,
     \b
     Example:
       orch report plans/demo.yaml
-      orch report plans/rehearsal.yaml -o /srv/www/rehearsal
+      orch report plans/demo.yaml -o demo-report --json
     """
     from . import registry
     from .report import write_report

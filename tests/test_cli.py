@@ -187,3 +187,29 @@ def test_vars_file_feeds_run_plan_and_validate_and_a_var_wins(pdir: PlanDir) -> 
             (pdir.root / bad).write_text("- 1\n")
         r = run_orch("run", plan, "--vars-file", pdir.root / bad)
         assert r.returncode == 2 and says in r.stderr, r.stderr
+
+
+def help_examples() -> list[str]:
+    """Every `orch ...` line under `Example:` in the help of every command."""
+    found = []
+    for args in (["--help"], *([name, "--help"] for name in cli.commands)):
+        text = CliRunner().invoke(cli, args).output
+        lines = text.split("Example:", 1)[1].splitlines() if "Example:" in text else []
+        found += [line.strip() for line in lines if line.strip().startswith("orch ")]
+    return found
+
+
+def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
+    """Run from a folder that is not the plans' (a copy of the repository's plans/), in the
+    order a newcomer would: check, dry-run, run, then look."""
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parent.parent / "plans", tmp_path / "plans")
+    examples = help_examples()
+    assert len(examples) >= 10, examples
+    order = ("orch validate", "orch plan", "orch run", "orch status", "orch logs",
+             "orch history", "orch report")
+    examples.sort(key=lambda e: next(i for i, o in enumerate(order) if e.startswith(o)))
+    for example in examples:
+        r = run_orch(*example.split()[1:], cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, f"{example}: exit {r.returncode}\n{r.stderr[-2000:]}"
