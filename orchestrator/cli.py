@@ -514,6 +514,69 @@ def history(plan_file: Path | None, plan_opt: Path | None, store_opt: str | None
                    f"pid {r['pid']}@{r['host']}  {r['argv']}")
 
 
+# --- forget / reset --------------------------------------------------------------------------
+
+
+@cli.command()
+@plan_argument
+@click.argument("task_ids", metavar="ID...", nargs=-1, required=True)
+@store_option
+def forget(plan_file: Path, task_ids: tuple[str, ...], store_opt: str | None) -> None:
+    """Forget what the store knows of tasks: they are pending again and the next run runs
+    them (their past attempts stay in `orch history`). Refused while a run holds the store.
+
+    \b
+    Example:
+      orch forget plans/demo.yaml checksum
+    """
+    _forget(plan_file, store_opt, task_ids, "forgotten by orch forget")
+
+
+@cli.command()
+@plan_argument
+@store_option
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
+    """Forget every task of PLAN: the next run starts over. Asks first (unless --yes).
+
+    \b
+    Example:
+      orch reset plans/demo.yaml --yes
+    """
+    _forget(plan_file, store_opt, None, "reset by orch reset", confirm=not yes)
+
+
+def _forget(plan_file: Path, store_opt: str | None, task_ids: tuple[str, ...] | None,
+            why: str, confirm: bool = False) -> None:
+    from .errors import did_you_mean
+    from .finished import DIGEST_KEY
+    from .liveness import close_dead_runs, current_identity
+    from .lock import RunLock
+
+    path = _store_path(store_opt, None, plan_file)
+    store = _open_store(path)
+    lock = RunLock(path)
+    try:
+        known = [r["id"] for r in store.todos()]
+        for task_id in task_ids or ():
+            if task_id not in known:
+                raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
+        ids = list(task_ids or known)
+        if confirm and not click.confirm(f"forget all {len(ids)} tasks recorded in {path}?"):
+            raise UsageError("nothing was changed")
+        who = current_identity()
+        lock.acquire({"pid": who.pid, "host": who.host, "argv": f"orch {why.split()[-1]}"})
+        close_dead_runs(store, holding_lock=True)  # a dead run's task: interrupted first
+        done = store.forget(ids, why)
+        store.set_meta(DIGEST_KEY, None)  # a finished plan has work again
+    finally:
+        lock.release()
+        store.close()
+    from .terminal import plural
+
+    click.echo(f"{plural(len(done), 'task')} forgotten in {path}: {', '.join(done) or '-'}")
+
+
 # --- report ----------------------------------------------------------------------------------
 
 

@@ -6,7 +6,7 @@ from enum import StrEnum
 
 
 class Status(StrEnum):
-    PENDING = "pending"  # not run yet in this plan's life (or reset by --rerun)
+    PENDING = "pending"  # not run yet in this plan's life (or forgotten: orch forget)
     IN_PROGRESS = "in_progress"  # an orchestrator is running it now (or died while it did)
     COMPLETED = "completed"  # ran and succeeded; its findings are recorded
     FAILED = "failed"  # ran and failed; last_error says why
@@ -25,8 +25,10 @@ _NOT_RUNNING = {s for s in Status if s is not Status.IN_PROGRESS}
 ALLOWED: dict[Status, frozenset[Status]] = {
     # Anything not running may start, be skipped or blocked on a later run, or fail to start
     # (a ${...} that cannot be resolved).
+    # `orch forget` / `orch reset` make a task not running pending again.
     **{
-        s: frozenset({Status.IN_PROGRESS, Status.SKIPPED, Status.BLOCKED, Status.FAILED})
+        s: frozenset({Status.IN_PROGRESS, Status.SKIPPED, Status.BLOCKED, Status.FAILED,
+                      Status.PENDING})
         for s in _NOT_RUNNING
     },
     Status.IN_PROGRESS: frozenset({Status.COMPLETED, Status.FAILED, Status.INTERRUPTED}),

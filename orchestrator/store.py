@@ -546,6 +546,21 @@ class Store:
         )
         return attempt
 
+    def forget(self, task_ids: Sequence[str], why: str) -> list[str]:
+        """Make these tasks pending again, as if they had never run (one transaction, logged
+        in transitions); their past attempts and findings stay in the history. A task in
+        progress is refused: the caller holds the run lock, so none is."""
+        now, done = time.time(), []
+        with self._tx() as c:
+            for task_id in task_ids:
+                row = c.execute("SELECT status FROM todos WHERE id=?", (task_id,)).fetchone()
+                if row is not None and row[0] != Status.PENDING:
+                    self._transition(c, task_id, Status.PENDING, why, None, now,
+                                     last_error=None, output_tail=None, started_at=None,
+                                     ended_at=None, pgid=None, pgid_started_at=None)
+                    done.append(task_id)
+        return done
+
     def set_process(self, task_id: str, pgid: int | None, started_at: float | None) -> None:
         """Record the process group a task started, so a later run can end it if we die."""
         with self._tx() as c:
@@ -598,11 +613,13 @@ class Store:
         return row
 
     def findings(self) -> dict[str, list[Finding]]:
-        """The findings of each task's latest attempt, in the order they were recorded."""
+        """The findings of each task's latest attempt, in the order they were recorded (none
+        for a pending task: one that was forgotten has no current findings)."""
         out: dict[str, list[Finding]] = {}
         for r in self.conn.execute(
             "SELECT f.task_id, f.key, f.value, f.unit, f.note FROM findings f"
-            " JOIN todos t ON t.id = f.task_id AND f.attempt = t.attempts ORDER BY f.seq"
+            " JOIN todos t ON t.id = f.task_id AND f.attempt = t.attempts"
+            " WHERE t.status != 'pending' ORDER BY f.seq"  # a forgotten task has none now
         ):
             out.setdefault(r[0], []).append(Finding(r[1], _decode(r[2]), r[3], r[4]))
         return out

@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 from orchestrator.cli import cli
 
-from conftest import PlanDir, run_orch
+from conftest import ORCH, PlanDir, run_orch, start_orch, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("pydantic", "sqlite_utils", "structlog", "yaml", "psutil", "rich", "pynvml")
@@ -208,8 +208,53 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
     examples = help_examples()
     assert len(examples) >= 10, examples
     order = ("orch validate", "orch plan", "orch run", "orch status", "orch logs",
-             "orch history", "orch report")
+             "orch history", "orch report", "orch forget", "orch reset")
     examples.sort(key=lambda e: next(i for i, o in enumerate(order) if e.startswith(o)))
     for example in examples:
         r = run_orch(*example.split()[1:], cwd=tmp_path, timeout=120)
         assert r.returncode == 0, f"{example}: exit {r.returncode}\n{r.stderr[-2000:]}"
+
+
+def test_forget_and_reset_make_tasks_run_again_and_are_recorded(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: a, kind: shell, params: {{command: "echo a >> {pdir.root}/ran"}}}}
+          - {{id: b, kind: shell, needs: [a], params: {{command: "echo b >> {pdir.root}/ran"}}}}
+    """)
+    ran = pdir.root / "ran"
+    assert run_orch("run", plan).returncode == 0
+    r = run_orch("forget", plan, "b")
+    assert r.returncode == 0 and "1 task forgotten" in r.stdout, r.stderr
+    assert pdir.statuses() == {"a": "completed", "b": "pending"}
+    assert "b=" not in run_orch("status", plan).stdout  # a forgotten task shows no findings
+    assert run_orch("run", plan).returncode == 0  # the finished-plan shortcut is not taken
+    assert ran.read_text().split() == ["a", "b", "b"]
+    assert pdir.transitions("b")[-3:] == [("completed", "pending"), ("pending", "in_progress"),
+                                           ("in_progress", "completed")]
+    moves = run_orch("history", plan, "--task", "b").stdout
+    assert "completed -> pending" in moves and "forgotten by orch forget" in moves
+    refused = subprocess.run([ORCH, "reset", str(plan)], input="n\n", capture_output=True,
+                             text=True)
+    assert refused.returncode == 2 and set(pdir.statuses().values()) == {"completed"}
+    assert run_orch("reset", plan, "--yes").returncode == 0
+    assert set(pdir.statuses().values()) == {"pending"}
+    typo = run_orch("forget", plan, "bb")
+    assert typo.returncode == 2 and "did you mean 'b'?" in typo.stderr
+
+
+def test_forget_is_refused_while_a_run_holds_the_store(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: a, kind: shell, params: {{command: "touch {pdir.root}/up; sleep 30"}}}}
+    """)
+    proc = start_orch("run", plan)
+    try:
+        wait_for((pdir.root / "up").exists, what="the task started")
+        r = run_orch("forget", plan, "a")
+        assert r.returncode == 3 and "in use by orch run #1" in r.stderr
+        assert pdir.statuses() == {"a": "in_progress"}
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
