@@ -119,11 +119,12 @@ def open_page(url: str, timeout: float = 90) -> PageView:
     assert binary, "no chromium here: run scripts/browser-setup.sh (Debian's chromium)"
     profile = tempfile.mkdtemp(prefix="orch-chromium-")
     errors = Path(profile, "stderr.log")
-    proc = subprocess.Popen(
-        [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-extensions", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-         "--window-size=1200,900", "about:blank"],
-        stdout=subprocess.DEVNULL, stderr=errors.open("w"), start_new_session=True)
+    with errors.open("w") as err:
+        proc = subprocess.Popen(
+            [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
+             "--disable-extensions", "--remote-debugging-port=0", f"--user-data-dir={profile}",
+             "--window-size=1200,900", "about:blank"],
+            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     try:
         ws_url, end = None, time.monotonic() + 60
         while ws_url is None and time.monotonic() < end and proc.poll() is None:
@@ -137,3 +138,29 @@ def open_page(url: str, timeout: float = 90) -> PageView:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def blankness(png: bytes) -> float:
+    """Share of pixels that differ from the image's most common colour (0: blank)."""
+    import io
+
+    import matplotlib.image
+    import numpy as np
+
+    pixels = matplotlib.image.imread(io.BytesIO(png), format="png")[..., :3].reshape(-1, 3)
+    _, counts = np.unique((pixels * 255).astype(np.uint8), axis=0, return_counts=True)
+    return float(1 - counts.max() / counts.sum())
+
+
+def check_page(page: Path, artefacts: Path) -> PageView:
+    """The page loads in Chromium with no console error, and every figure is decoded and
+    drawn (not blank on screen); the screenshot is kept in `artefacts`."""
+    view = open_page(page.as_uri())
+    (artefacts / "report-screenshot.png").write_bytes(view.screenshot)
+    assert view.errors == []
+    assert view.images, "no figure on the page"
+    for image in view.images:
+        assert image["complete"] and image["width"] > 100 and image["height"] > 50, image
+        assert blankness(image["shot"]) > 0.01, f"{image['alt']} is blank on screen"
+    assert blankness(view.screenshot) > 0.01
+    return view

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from browser import check_page
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from test_servers import findings, marked_processes
 
@@ -210,6 +211,14 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         assert all(again[t] == attempts[t] + 1 for t in rerun)
         assert set(pd.statuses("rehearsal").values()) == {"completed", "skipped"}
         assert marked_processes(ROOT) == []
+        # The report people look at: every benchmark's and the analysis' curves, in a browser.
+        made = run_orch("report", "--store", store, "--json", cwd=ROOT, timeout=300)
+        assert made.returncode == 0, made.stderr[-3000:]
+        figures = {Path(f).stem for f in json.loads(made.stdout)["figures"]}
+        assert {"timeline", "compare-throughput", "compare-speed", "compare-latency",
+                "compare-acceptance", "bench_base-throughput"} <= figures
+        view = check_page(Path(json.loads(made.stdout)["report"]), tmp_path)
+        assert len(view.images) == len(figures)
     finally:
         if production.poll() is None:
             os.killpg(production.pid, signal.SIGKILL)
