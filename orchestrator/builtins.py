@@ -137,6 +137,7 @@ class CommandSucceeds(Precondition[CommandParams]):
 
     Params = CommandParams
     shell_params = frozenset({"command"})
+    read_only = False  # the plan's own command: `orch plan` does not run it
 
     def check(self) -> CheckResult:
         cmd = self.params.command

@@ -213,6 +213,9 @@ class Precondition(Generic[P]):
     shell_params: ClassVar[frozenset[str]] = frozenset()  # as Task's
     env_params: ClassVar[frozenset[str]] = frozenset()
     path_params: ClassVar[frozenset[str]] = frozenset()
+    # Only looks (NVML, systemd, sockets, the file system): `orch plan` may call it. False for
+    # a check that runs the plan's own code (`command`), which a dry run must not.
+    read_only: ClassVar[bool] = True
 
     def __init__(self, params: P) -> None:
         self.params = params

@@ -258,3 +258,43 @@ def test_forget_is_refused_while_a_run_holds_the_store(pdir: PlanDir) -> None:
     finally:
         proc.terminate()
         proc.communicate(timeout=30)
+
+
+def test_orch_plan_checks_what_it_can_like_a_check_mode(pdir: PlanDir) -> None:
+    """`orch plan` evaluates a `when` known now and every read-only precondition: a port held
+    now blocks the task and its dependents; a finding still to come and the plan's own
+    `command` check are left to the run, and said so. Nothing runs."""
+    import socket
+
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        port = held.getsockname()[1]
+        plan = pdir.write(f"""
+            name: t
+            vars: {{mode: off}}
+            tasks:
+              - {{id: a, kind: shell, params: {{command: "echo ::finding x=1"}}}}
+              - {{id: b, kind: shell, when: "${{vars.mode}} == True", params: {{command: "true"}}}}
+              - id: c
+                kind: shell
+                preconditions: [{{kind: port.free, port: {port}}}]
+                params: {{command: "touch {pdir.root}/ran"}}
+              - {{id: e, kind: shell, needs: [c], params: {{command: "true"}}}}
+              - id: d
+                kind: shell
+                needs: [a]
+                when: "${{tasks.a.findings.x}} > 0"
+                preconditions: [{{kind: command, command: "touch {pdir.root}/ran"}}]
+                params: {{command: "true"}}
+        """)
+        r = run_orch("plan", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    steps = {s["id"]: s for s in json.loads(r.stdout)["steps"]}
+    assert steps["a"]["action"] == "run"
+    assert steps["b"]["action"] == "skip" and "is false now" in steps["b"]["reason"]
+    assert steps["c"]["action"] == "block" and f"port {port}" in steps["c"]["reason"]
+    assert steps["e"]["action"] == "block"
+    assert steps["d"]["action"] == "run" and "if ${tasks.a.findings.x} > 0" in steps["d"]["reason"]
+    assert "checked only by the run: command" in steps["d"]["reason"]
+    assert not (pdir.root / "ran").exists() and not pdir.store_path().exists()
