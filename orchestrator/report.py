@@ -29,7 +29,7 @@ from .store import Store, runs_dir
 # Colours of a task's attempt by how it ended; colour-blind safe (Okabe-Ito).
 OUTCOME_COLOURS: dict[str, str] = {
     Status.COMPLETED: "#009E73", Status.FAILED: "#D55E00", Status.INTERRUPTED: "#E69F00",
-    Status.IN_PROGRESS: "#56B4E9", Status.BLOCKED: "#999999", Status.SKIPPED: "#CCCCCC",
+    Status.IN_PROGRESS: "#56B4E9", Status.BLOCKED: "#555555", Status.SKIPPED: "#8C8C8C",
 }
 
 
