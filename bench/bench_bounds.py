@@ -41,15 +41,20 @@ def main() -> None:
         d = Path(tmp)
         bomb = ['l0: &l0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
         bomb += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
-        (d / "bomb.yaml").write_text("name: t\nvars:\n" + "".join(f"  {b}\n" for b in bomb)
-                                     + TASK)
-        (d / "deep.yaml").write_text("name: t\nvars: {x: " + "[" * 500 + "]" * 500 + "}\n"
-                                     + TASK)
-        (d / "needs.yaml").write_text("name: t\ntasks:\n" + "".join(
-            f"  - {{id: t{i}, kind: shell, needs: [t{i}_], params: {{command: 'true'}}}}\n"
-            for i in range(5000)))
-        (d / "when.yaml").write_text("name: t\ntasks:\n  - {id: a, kind: shell, when: '"
-                                     + "not " * 200 + "true', params: {command: 'true'}}\n")
+        (d / "bomb.yaml").write_text("name: t\nvars:\n" + "".join(f"  {b}\n" for b in bomb) + TASK)
+        (d / "deep.yaml").write_text("name: t\nvars: {x: " + "[" * 500 + "]" * 500 + "}\n" + TASK)
+        (d / "needs.yaml").write_text(
+            "name: t\ntasks:\n"
+            + "".join(
+                f"  - {{id: t{i}, kind: shell, needs: [t{i}_], params: {{command: 'true'}}}}\n"
+                for i in range(5000)
+            )
+        )
+        (d / "when.yaml").write_text(
+            "name: t\ntasks:\n  - {id: a, kind: shell, when: '"
+            + "not " * 200
+            + "true', params: {command: 'true'}}\n"
+        )
         finding = "::finding x='" + "9 " * 5_000_000 + "'"
         near_limit = "::finding x=1 note=" + "a\\ b " * 12_000
 

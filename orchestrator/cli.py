@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from .store import Store
 
 STORE_HELP = "SQLite store (default: .orch/<plan name>.db beside the plan; env ORCH_STORE)."
-store_option = click.option("--store", "store_opt", envvar="ORCH_STORE", metavar="PATH",
-                            help=STORE_HELP)
+store_option = click.option(
+    "--store", "store_opt", envvar="ORCH_STORE", metavar="PATH", help=STORE_HELP
+)
 json_option = click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 plan_argument = click.argument("plan_file", metavar="PLAN", type=click.Path(path_type=Path))
 
@@ -40,16 +41,24 @@ plan_argument = click.argument("plan_file", metavar="PLAN", type=click.Path(path
 def vars_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """--var KEY=VALUE (repeatable) and --vars-file FILE (a YAML mapping; a --var wins over
     it): the command receives them merged as `var_args`."""
+
     @functools.wraps(command)
-    def merged(*args: Any, var_args: tuple[str, ...], vars_file: Path | None,
-               **kwargs: Any) -> Any:
+    def merged(*args: Any, var_args: tuple[str, ...], vars_file: Path | None, **kwargs: Any) -> Any:
         return command(*args, var_args=(*_vars_file_args(vars_file), *var_args), **kwargs)
 
-    merged = click.option("--vars-file", type=click.Path(path_type=Path), metavar="FILE",
-                          help="Vars from a YAML mapping (a --var wins over it).")(merged)
-    return click.option("--var", "var_args", multiple=True, metavar="KEY=VALUE",
-                        help="Override a var of the plan (value read as YAML). "
-                             "Repeatable.")(merged)
+    merged = click.option(
+        "--vars-file",
+        type=click.Path(path_type=Path),
+        metavar="FILE",
+        help="Vars from a YAML mapping (a --var wins over it).",
+    )(merged)
+    return click.option(
+        "--var",
+        "var_args",
+        multiple=True,
+        metavar="KEY=VALUE",
+        help="Override a var of the plan (value read as YAML). Repeatable.",
+    )(merged)
 
 
 def _vars_file_args(path: Path | None) -> tuple[str, ...]:
@@ -81,8 +90,9 @@ class OrchGroup(click.Group):
             for issue in exc.issues:
                 click.echo(str(issue), err=True)
             n = len(exc.issues)
-            click.echo(f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run",
-                       err=True)
+            click.echo(
+                f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run", err=True
+            )
             ctx.exit(exc.exit_code)
         except OrchError as exc:
             click.echo(f"orch: {exc}", err=True)
@@ -98,12 +108,16 @@ class OrchGroup(click.Group):
 
 def _describe_os_error(exc: OSError) -> str:
     where = f" writing {exc.filename}" if exc.filename else ""
-    return (f"{exc.strerror}{where}: the run stopped, what the store recorded is intact; "
-            "fix the storage (free space), then run again")
+    return (
+        f"{exc.strerror}{where}: the run stopped, what the store recorded is intact; "
+        "fix the storage (free space), then run again"
+    )
 
 
-@click.group(cls=OrchGroup,
-             context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(
+    cls=OrchGroup,
+    context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+)
 @click.version_option(package_name="orch")
 def cli() -> None:
     """Run ML-infrastructure runbooks as resumable plans with a durable todo record.
@@ -125,20 +139,44 @@ def cli() -> None:
 @cli.command()
 @plan_argument
 @store_option
-@click.option("--keep-going", "-k", is_flag=True,
-              help="After a failure, still run what does not depend on it.")
-@click.option("--rerun", multiple=True, metavar="ID",
-              help="Run ID again, and everything that depends on it. Repeatable.")
-@click.option("--from", "from_task", metavar="ID",
-              help="Run ID and every task after it in plan order, even if completed.")
-@click.option("--only", multiple=True, metavar="ID",
-              help="Run only ID (its needs must be completed). Repeatable.")
+@click.option(
+    "--keep-going",
+    "-k",
+    is_flag=True,
+    help="After a failure, still run what does not depend on it.",
+)
+@click.option(
+    "--rerun",
+    multiple=True,
+    metavar="ID",
+    help="Run ID again, and everything that depends on it. Repeatable.",
+)
+@click.option(
+    "--from",
+    "from_task",
+    metavar="ID",
+    help="Run ID and every task after it in plan order, even if completed.",
+)
+@click.option(
+    "--only",
+    multiple=True,
+    metavar="ID",
+    help="Run only ID (its needs must be completed). Repeatable.",
+)
 @vars_options
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
 @json_option
-def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[str, ...],
-        from_task: str | None, only: tuple[str, ...], var_args: tuple[str, ...], quiet: bool,
-        as_json: bool) -> None:
+def run(
+    plan_file: Path,
+    store_opt: str | None,
+    keep_going: bool,
+    rerun: tuple[str, ...],
+    from_task: str | None,
+    only: tuple[str, ...],
+    var_args: tuple[str, ...],
+    quiet: bool,
+    as_json: bool,
+) -> None:
     """Run PLAN, resuming after what already completed.
 
     Completed tasks whose spec is unchanged are not run again; failed, blocked and interrupted
@@ -166,11 +204,13 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
     signal.signal(signal.SIGINT, signal.default_int_handler)
     digest = plan_digest(plan_file, var_args)
     guess = guess_store(plan_file, store_opt)
-    if (digest and guess and not (rerun or from_task or only)
-            and already_finished(guess, digest)):
+    if digest and guess and not (rerun or from_task or only) and already_finished(guess, digest):
         if not (quiet or as_json):
-            click.echo("orch: nothing to do: the plan is unchanged and every task is done "
-                       "(--rerun ID to run one again)", err=True)
+            click.echo(
+                "orch: nothing to do: the plan is unchanged and every task is done "
+                "(--rerun ID to run one again)",
+                err=True,
+            )
         _show_status(guess, None, as_json)
         sys.exit(EXIT_OK)
 
@@ -178,8 +218,14 @@ def run(plan_file: Path, store_opt: str | None, keep_going: bool, rerun: tuple[s
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
-    options = RunOptions(keep_going, rerun, from_task, only, "warning" if quiet or as_json
-                         else "info", plan_digest=digest)
+    options = RunOptions(
+        keep_going,
+        rerun,
+        from_task,
+        only,
+        "warning" if quiet or as_json else "info",
+        plan_digest=digest,
+    )
     try:
         result = execute(plan, path, options)
     except OrchError as exc:
@@ -210,8 +256,10 @@ def _storage_fault(path: Path, exc: OSError) -> str | None:
         return _describe_os_error(exc)
     runs = runs_dir(path).absolute()
     if exc.filename and Path(os.path.abspath(exc.filename)).is_relative_to(runs):
-        return (f"{exc.filename}: {exc.strerror}: orch's logs were removed or changed during "
-                "the run, so the run stopped; run again to retry what did not complete")
+        return (
+            f"{exc.filename}: {exc.strerror}: orch's logs were removed or changed during "
+            "the run, so the run stopped; run again to retry what did not complete"
+        )
     return None
 
 
@@ -242,8 +290,14 @@ def _record_stop(path: Path, why: str) -> None:
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @store_option
 @json_option
-@click.option("--format", "fmt", type=click.Choice(["board", "todowrite"]),
-              default="board", show_default=True, help="todowrite: the agent todo-list schema.")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["board", "todowrite"]),
+    default="board",
+    show_default=True,
+    help="todowrite: the agent todo-list schema.",
+)
 def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str) -> None:
     """Show the todo board: one line per task with its findings.
 
@@ -261,8 +315,14 @@ def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: st
     _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
 
 
-def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool = False,
-                 stale: dict[str, Any] | None = None, stream: Any = None) -> None:
+def _show_status(
+    path: Path,
+    plan: Plan | None,
+    as_json: bool,
+    todowrite: bool = False,
+    stale: dict[str, Any] | None = None,
+    stream: Any = None,
+) -> None:
     from . import board
     from .terminal import use_color
 
@@ -281,11 +341,17 @@ def _show_status(path: Path, plan: Plan | None, as_json: bool, todowrite: bool =
     if todowrite:
         click.echo(json.dumps(board.todowrite(rows, findings), indent=2), file=stream)
     elif as_json:
-        click.echo(json.dumps(board.status_json(name, str(path), rows, findings, run, stale),
-                              indent=2), file=stream)
+        click.echo(
+            json.dumps(board.status_json(name, str(path), rows, findings, run, stale), indent=2),
+            file=stream,
+        )
     else:
-        click.echo(board.render_board(name, str(path), rows, findings, run, stale,
-                                      color=use_color(stream)), file=stream)
+        click.echo(
+            board.render_board(
+                name, str(path), rows, findings, run, stale, color=use_color(stream)
+            ),
+            file=stream,
+        )
 
 
 def _close_dead_runs_if_free(store: Store) -> None:
@@ -336,21 +402,41 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
         plan = _load(plan_file, var_args)
     except PlanError as exc:
         if as_json:
-            click.echo(json.dumps({"ok": False, "errors": [
-                {"file": i.file, "line": i.line, "message": i.message} for i in exc.issues]},
-                indent=2))
+            click.echo(
+                json.dumps(
+                    {
+                        "ok": False,
+                        "errors": [
+                            {"file": i.file, "line": i.line, "message": i.message}
+                            for i in exc.issues
+                        ],
+                    },
+                    indent=2,
+                )
+            )
             sys.exit(EXIT_USAGE)
         raise
     if as_json:
-        click.echo(json.dumps({"ok": True, "plan": plan.name, "tasks": [
-            {"id": t.id, "kind": t.spec.kind, "needs": t.spec.needs} for t in plan.tasks]},
-            indent=2))
+        click.echo(
+            json.dumps(
+                {
+                    "ok": True,
+                    "plan": plan.name,
+                    "tasks": [
+                        {"id": t.id, "kind": t.spec.kind, "needs": t.spec.needs} for t in plan.tasks
+                    ],
+                },
+                indent=2,
+            )
+        )
     else:
         kinds = sorted({t.spec.kind for t in plan.tasks})
         from .terminal import plural
 
-        click.echo(f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')} "
-                   f"({', '.join(kinds)})")
+        click.echo(
+            f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')} "
+            f"({', '.join(kinds)})"
+        )
 
 
 @cli.command("plan")
@@ -361,9 +447,15 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
 @click.option("--only", multiple=True, metavar="ID", help="As for `orch run`.")
 @vars_options
 @json_option
-def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
-             from_task: str | None, only: tuple[str, ...], var_args: tuple[str, ...],
-             as_json: bool) -> None:
+def plan_cmd(
+    plan_file: Path,
+    store_opt: str | None,
+    rerun: tuple[str, ...],
+    from_task: str | None,
+    only: tuple[str, ...],
+    var_args: tuple[str, ...],
+    as_json: bool,
+) -> None:
     """Dry run: what `orch run` would run, skip, or find stale, and why. Changes nothing.
 
     \b
@@ -401,8 +493,15 @@ def plan_cmd(plan_file: Path, store_opt: str | None, rerun: tuple[str, ...],
 @click.option("--lines", "-n", type=int, help="Only the last N lines.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the task runs.")
 @click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
-def logs(words: tuple[str, ...], plan_opt: Path | None, store_opt: str | None,
-         run_id: int | None, lines: int | None, follow: bool, path_only: bool) -> None:
+def logs(
+    words: tuple[str, ...],
+    plan_opt: Path | None,
+    store_opt: str | None,
+    run_id: int | None,
+    lines: int | None,
+    follow: bool,
+    path_only: bool,
+) -> None:
     """Print the output a task's processes wrote (its latest attempt, or of --run N).
 
     PLAN (to find its store) as for `orch status`.
@@ -434,11 +533,16 @@ def logs(words: tuple[str, ...], plan_opt: Path | None, store_opt: str | None,
             raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
         if run_id and not any(r["id"] == run_id for r in store.runs(limit=1_000_000)):
             raise UsageError(f"{path} has no run #{run_id}")
-        log = (runs_dir(path) / str(run_id) / f"{task_id}.log") if run_id else (
-            Path(row["log_path"]) if row["log_path"] else None)
+        log = (
+            (runs_dir(path) / str(run_id) / f"{task_id}.log")
+            if run_id
+            else (Path(row["log_path"]) if row["log_path"] else None)
+        )
         if log is None or not log.exists():
-            click.echo(f"no output recorded for {task_id}"
-                       + (f" in run {run_id}" if run_id else ""), err=True)
+            click.echo(
+                f"no output recorded for {task_id}" + (f" in run {run_id}" if run_id else ""),
+                err=True,
+            )
             sys.exit(1)
         if path_only:
             click.echo(str(log))
@@ -456,8 +560,11 @@ def logs(words: tuple[str, ...], plan_opt: Path | None, store_opt: str | None,
                     click.echo(show(chunk.decode("utf-8", "replace")), nl=False)
                     continue
                 now = store.todo(task_id)
-                if now is None or now["status"] != Status.IN_PROGRESS or now["log_path"] != str(
-                        log):
+                if (
+                    now is None
+                    or now["status"] != Status.IN_PROGRESS
+                    or now["log_path"] != str(log)
+                ):
                     break
                 time.sleep(0.25)
     finally:
@@ -472,8 +579,15 @@ def logs(words: tuple[str, ...], plan_opt: Path | None, store_opt: str | None,
 @click.option("--transitions", is_flag=True, help="Every status transition, oldest first.")
 @click.option("--limit", default=20, show_default=True, help="How many rows.")
 @json_option
-def history(plan_file: Path | None, plan_opt: Path | None, store_opt: str | None,
-            task_id: str | None, transitions: bool, limit: int, as_json: bool) -> None:
+def history(
+    plan_file: Path | None,
+    plan_opt: Path | None,
+    store_opt: str | None,
+    task_id: str | None,
+    transitions: bool,
+    limit: int,
+    as_json: bool,
+) -> None:
     """List past runs, or the status transitions of the plan or of one task.
 
     PLAN (to find its store) as for `orch status`.
@@ -497,9 +611,11 @@ def history(plan_file: Path | None, plan_opt: Path | None, store_opt: str | None
             if as_json:
                 click.echo(json.dumps({"transitions": rows}, indent=2))
             for r in [] if as_json else rows:
-                click.echo(f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
-                           f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} "
-                           f"{clean(r['reason'] or '', multiline=False)}")
+                click.echo(
+                    f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
+                    f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} "
+                    f"{clean(r['reason'] or '', multiline=False)}"
+                )
             return
         runs = [dict(r) for r in store.runs(limit)]
     finally:
@@ -510,8 +626,10 @@ def history(plan_file: Path | None, plan_opt: Path | None, store_opt: str | None
         click.echo(json.dumps({"runs": runs}, indent=2))
         return
     for r in runs:
-        click.echo(f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
-                   f"pid {r['pid']}@{r['host']}  {r['argv']}")
+        click.echo(
+            f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
+            f"pid {r['pid']}@{r['host']}  {r['argv']}"
+        )
 
 
 # --- forget / reset --------------------------------------------------------------------------
@@ -546,8 +664,13 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     _forget(plan_file, store_opt, None, "reset by orch reset", confirm=not yes)
 
 
-def _forget(plan_file: Path, store_opt: str | None, task_ids: tuple[str, ...] | None,
-            why: str, confirm: bool = False) -> None:
+def _forget(
+    plan_file: Path,
+    store_opt: str | None,
+    task_ids: tuple[str, ...] | None,
+    why: str,
+    confirm: bool = False,
+) -> None:
     from .errors import did_you_mean
     from .finished import DIGEST_KEY
     from .liveness import close_dead_runs, current_identity
@@ -584,11 +707,21 @@ def _forget(plan_file: Path, store_opt: str | None, task_ids: tuple[str, ...] | 
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @store_option
 @click.option("--run", "run_id", type=int, help="The timeline of that run (default: the latest).")
-@click.option("--output", "-o", "out_dir", type=click.Path(path_type=Path),
-              help="Folder for report.html and its PNGs (default: <store>.report/ beside it).")
+@click.option(
+    "--output",
+    "-o",
+    "out_dir",
+    type=click.Path(path_type=Path),
+    help="Folder for report.html and its PNGs (default: <store>.report/ beside it).",
+)
 @json_option
-def report(plan_file: Path | None, store_opt: str | None, run_id: int | None,
-           out_dir: Path | None, as_json: bool) -> None:
+def report(
+    plan_file: Path | None,
+    store_opt: str | None,
+    run_id: int | None,
+    out_dir: Path | None,
+    as_json: bool,
+) -> None:
     """Write an HTML report: the run's timeline, the board, and each kind's figures.
 
     One self-contained page (opens offline; figures inlined) and every figure as a PNG beside
@@ -615,8 +748,9 @@ def report(plan_file: Path | None, store_opt: str | None, run_id: int | None,
         return cls.report(findings) if hasattr(cls, "report") else ()
 
     try:
-        page, figures = write_report(store, out_dir or path.with_suffix(".report"), sections_of,
-                                     run_id)
+        page, figures = write_report(
+            store, out_dir or path.with_suffix(".report"), sections_of, run_id
+        )
     finally:
         store.close()
     if as_json:

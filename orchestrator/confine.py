@@ -33,9 +33,7 @@ def roots_of(written: str, homes: Sequence[Path], lookup: Lookup) -> list[Path] 
     return [Path(os.path.realpath(p)) for p in ([folder] if folder else homes)]
 
 
-def confine(
-    name: str, written: Any, resolved: Any, homes: Sequence[Path], lookup: Lookup
-) -> None:
+def confine(name: str, written: Any, resolved: Any, homes: Sequence[Path], lookup: Lookup) -> None:
     """TemplateError unless every path in `resolved` lies inside a root `written` gives it.
 
     `written` and `resolved` are a param's value before and after templating: a path, or a
@@ -45,8 +43,10 @@ def confine(
     if isinstance(written, dict) and isinstance(resolved, dict):
         pairs = [(f"{name}.{k}", v, resolved.get(k)) for k, v in written.items()]
     elif isinstance(written, list) and isinstance(resolved, list):
-        pairs = [(f"{name}.{i}", v, got)
-                 for i, (v, got) in enumerate(zip(written, resolved, strict=True))]
+        pairs = [
+            (f"{name}.{i}", v, got)
+            for i, (v, got) in enumerate(zip(written, resolved, strict=True))
+        ]
     else:
         pairs = [(name, written, resolved)]
     for label, text, path in pairs:
@@ -54,9 +54,7 @@ def confine(
             _inside(label, text, path, homes, lookup)
 
 
-def _inside(
-    name: str, written: str, resolved: str, homes: Sequence[Path], lookup: Lookup
-) -> None:
+def _inside(name: str, written: str, resolved: str, homes: Sequence[Path], lookup: Lookup) -> None:
     if (roots := roots_of(written, homes, lookup)) is None:
         return
     try:  # realpath: `..` and the symlinks of the part that exists, as the OS will follow them
@@ -68,4 +66,5 @@ def _inside(
             f"param {name!r}: {resolved[:200]!r} (from {written!r}) leads to {target}, "
             f"outside {' and '.join(map(str, roots))}: a path built from a finding must stay "
             f"inside the folder written before it (or the plan's folder); write that folder "
-            f"in the plan")
+            f"in the plan"
+        )

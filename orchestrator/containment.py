@@ -62,8 +62,16 @@ class Jail:
         if self.mechanism != "scope":
             return list(argv)
         user = [] if os.geteuid() == 0 else ["--user"]
-        return ["systemd-run", *user, "--scope", "--quiet", "--collect",
-                f"--unit={self.name}", "--", *argv]
+        return [
+            "systemd-run",
+            *user,
+            "--scope",
+            "--quiet",
+            "--collect",
+            f"--unit={self.name}",
+            "--",
+            *argv,
+        ]
 
     def prepare(self) -> Callable[[], None] | None:
         """Set up before the spawn; returns the preexec function the child must run, if any."""
@@ -147,8 +155,11 @@ def detect() -> str:
     forced = os.environ.get("ORCH_CONTAINMENT", "")
     if forced in MECHANISMS:
         return forced
-    if Path("/run/systemd/system").is_dir() and shutil.which("systemd-run") and (
-            os.geteuid() == 0 or _user_bus()):
+    if (
+        Path("/run/systemd/system").is_dir()
+        and shutil.which("systemd-run")
+        and (os.geteuid() == 0 or _user_bus())
+    ):
         return "scope"
     base = _base()
     if base is not None:
@@ -192,7 +203,10 @@ def _scope_cgroup(name: str) -> Path | None:
     try:
         out = subprocess.run(
             ["systemctl", *user, "show", "-p", "ControlGroup", "--value", f"{name}.scope"],
-            capture_output=True, text=True, timeout=10).stdout.strip()
+            capture_output=True,
+            text=True,
+            timeout=10,
+        ).stdout.strip()
     except (OSError, subprocess.TimeoutExpired):
         return None
     mount = cgroup2_mount()

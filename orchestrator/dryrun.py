@@ -24,7 +24,10 @@ class _NotYet(Exception):
 
 
 def dry_run(
-    plan: Plan, store: Store | None, rerun: Sequence[str] = (), from_task: str | None = None,
+    plan: Plan,
+    store: Store | None,
+    rerun: Sequence[str] = (),
+    from_task: str | None = None,
     only: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
     """One step per task, in run order, assuming every task that would run completes."""
@@ -63,14 +66,15 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
                 if when is None:
                     reason = f"{reason + '; ' if reason else ''}if {task.spec.when}"
                 if unchecked := [c.kind for c in task.checks if not _checkable(c, lookup)]:
-                    reason = (f"{reason + '; ' if reason else ''}after preconditions checked "
-                              f"only by the run: {', '.join(unchecked)}")
+                    reason = (
+                        f"{reason + '; ' if reason else ''}after preconditions checked "
+                        f"only by the run: {', '.join(unchecked)}"
+                    )
                 statuses[task.id] = Status.COMPLETED
                 will_run.add(task.id)
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"
-        steps.append({"id": task.id, "action": action, "reason": reason,
-                      "changed": list(d.stale)})
+        steps.append({"id": task.id, "action": action, "reason": reason, "changed": list(d.stale)})
     return steps
 
 
@@ -82,6 +86,7 @@ def _lookup(plan: Plan, store: Store | None, will_run: set[str]) -> Callable[[Re
         if found is None:
             raise _NotYet
         return found.value
+
     return lookup
 
 

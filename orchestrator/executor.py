@@ -76,8 +76,9 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     try:
         who = current_identity()
         redact.register(plan.vars[name] for name in plan.secrets)  # before anything is written
-        lock.acquire({"pid": who.pid, "host": who.host,
-                      "argv": redact.mask(shlex.join(options.argv))})
+        lock.acquire(
+            {"pid": who.pid, "host": who.host, "argv": redact.mask(shlex.join(options.argv))}
+        )
         store.bind_plan(plan.name)
         dead = close_dead_runs(store, holding_lock=True)
         run_id = store.next_run_id()
@@ -92,8 +93,9 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         release_all(store, log, "left running by an earlier run")
         store.set_meta(DIGEST_KEY, None)
         store.sync_plan(_todo_specs(plan), run_id)
-        runner = Runner(plan, store, run_id, log_dir, selection, options, log,
-                        store_tag(store_path))
+        runner = Runner(
+            plan, store, run_id, log_dir, selection, options, log, store_tag(store_path)
+        )
         try:
             with from_folder(runner.home):
                 result = runner.run()
@@ -112,14 +114,32 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
 
 
 def _todo_specs(plan: Plan) -> list[TodoSpec]:
-    return [TodoSpec(t.id, t.position, t.title, t.spec.priority, t.spec.kind, t.spec.needs,
-                     t.spec_hash, t.spec_json) for t in plan.tasks]
+    return [
+        TodoSpec(
+            t.id,
+            t.position,
+            t.title,
+            t.spec.priority,
+            t.spec.kind,
+            t.spec.needs,
+            t.spec_hash,
+            t.spec_json,
+        )
+        for t in plan.tasks
+    ]
 
 
 class Runner:
     def __init__(
-        self, plan: Plan, store: Store, run_id: int, log_dir: Path, selection: Selection,
-        options: RunOptions, log: Any, tag: str = "",
+        self,
+        plan: Plan,
+        store: Store,
+        run_id: int,
+        log_dir: Path,
+        selection: Selection,
+        options: RunOptions,
+        log: Any,
+        tag: str = "",
     ) -> None:
         self.plan, self.store, self.run_id, self.log_dir = plan, store, run_id, log_dir
         self.home = plan.file.absolute().parent  # where the plan's relative paths start
@@ -138,7 +158,8 @@ class Runner:
     def run(self) -> RunResult:
         after = self.selection.after  # a revived holder's releasers come after its users
         sorter = graphlib.TopologicalSorter(
-            {t.id: [*t.spec.needs, *after.get(t.id, ())] for t in self.plan.tasks})
+            {t.id: [*t.spec.needs, *after.get(t.id, ())] for t in self.plan.tasks}
+        )
         sorter.prepare()
         ready: list[tuple[int, str]] = []  # among ready tasks, the plan's order decides
 
@@ -169,8 +190,12 @@ class Runner:
         self.store.end_run(self.run_id, outcome)
         waiting = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
         if self.stopped_by and waiting:
-            self.log.warning("run.stopped", after=self.stopped_by, not_started=len(waiting),
-                             hint="--keep-going runs what does not depend on the failure")
+            self.log.warning(
+                "run.stopped",
+                after=self.stopped_by,
+                not_started=len(waiting),
+                hint="--keep-going runs what does not depend on the failure",
+            )
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
         return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
 
@@ -181,8 +206,12 @@ class Runner:
         if decision.action is Action.KEEP:
             if decision.stale:
                 self.stale[task.id] = decision.stale
-                self.log.warning("task.stale", task=task.id, changed="; ".join(decision.stale),
-                                 hint=f"orch run --rerun {task.id}")
+                self.log.warning(
+                    "task.stale",
+                    task=task.id,
+                    changed="; ".join(decision.stale),
+                    hint=f"orch run --rerun {task.id}",
+                )
             return
         if decision.action in (Action.OUT_OF_SCOPE, Action.WAIT):
             return
@@ -205,8 +234,9 @@ class Runner:
             if self.attempt(task, attempt):
                 return
             if attempt < task.spec.retries.attempts:
-                self.log.info("task.retry", task=task.id, attempt=attempt + 1,
-                              delay=task.spec.retries.delay)
+                self.log.info(
+                    "task.retry", task=task.id, attempt=attempt + 1, delay=task.spec.retries.delay
+                )
                 time.sleep(task.spec.retries.delay)
         self.stop_after(task)
 
@@ -221,17 +251,29 @@ class Runner:
             return False
         started = time.time()
         number = self.store.transition(
-            task.id, Status.IN_PROGRESS, f"attempt {attempt}/{task.spec.retries.attempts}",
-            self.run_id, spec_hash=task.spec_hash, spec=task.spec_json,
-            started_at=started, ended_at=None, last_error=None, output_tail=None,
-            log_path=str(log_path), pgid=None, pgid_started_at=None,
+            task.id,
+            Status.IN_PROGRESS,
+            f"attempt {attempt}/{task.spec.retries.attempts}",
+            self.run_id,
+            spec_hash=task.spec_hash,
+            spec=task.spec_json,
+            started_at=started,
+            ended_at=None,
+            last_error=None,
+            output_tail=None,
+            log_path=str(log_path),
+            pgid=None,
+            pgid_started_at=None,
         )
         self.statuses[task.id] = Status.IN_PROGRESS
         self.started += 1
         self.log.info("task.started", task=task.id, title=task.title)
         timeout = task.spec.timeout
         ctx = Context(
-            task.id, number, self.run_id, log_path,
+            task.id,
+            number,
+            self.run_id,
+            log_path,
             None if timeout is None else time.monotonic() + timeout,
             _Sink(self, task.id, findings),
             {PROCESS_MARKER: self.marker(self.run_id, task.id, number)},
@@ -239,8 +281,13 @@ class Runner:
         try:
             task.cls(params).run(ctx)
         except KeyboardInterrupt as exc:
-            self.settle(task, Status.INTERRUPTED, f"stopped by {_signal_name(exc)}",
-                        findings, ended_at=time.time())
+            self.settle(
+                task,
+                Status.INTERRUPTED,
+                f"stopped by {_signal_name(exc)}",
+                findings,
+                ended_at=time.time(),
+            )
             raise
         except TaskError as exc:
             error = str(exc)
@@ -256,14 +303,26 @@ class Runner:
             self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s", **found)
             return True
         output = "\n".join(tail(log_path, OUTPUT_TAIL_LINES))
-        self.settle(task, Status.FAILED, error, findings, last_error=error,
-                    output_tail=output or None, ended_at=time.time(),
-                    retrying=attempt < task.spec.retries.attempts)
+        self.settle(
+            task,
+            Status.FAILED,
+            error,
+            findings,
+            last_error=error,
+            output_tail=output or None,
+            ended_at=time.time(),
+            retrying=attempt < task.spec.retries.attempts,
+        )
         return False
 
     def settle(
-        self, task: PlannedTask, to: Status, reason: str | None, findings: Sequence[Finding] = (),
-        retrying: bool = False, **fields: Any,
+        self,
+        task: PlannedTask,
+        to: Status,
+        reason: str | None,
+        findings: Sequence[Finding] = (),
+        retrying: bool = False,
+        **fields: Any,
     ) -> None:
         """Record a task's new status (committed), and react: log it, stop after a failure.
         A failed attempt that will be retried is a warning, not yet the task's failure."""
@@ -274,11 +333,15 @@ class Runner:
         if retrying:
             self.log.warning("task.attempt_failed", task=task.id, why=reason)
             return
-        event = {Status.SKIPPED: "task.skipped", Status.BLOCKED: "task.blocked",
-                 Status.FAILED: "task.failed"}[to]
+        event = {
+            Status.SKIPPED: "task.skipped",
+            Status.BLOCKED: "task.blocked",
+            Status.FAILED: "task.failed",
+        }[to]
         # The root cause is an error; a task blocked by it is a consequence, a warning.
         level = {Status.SKIPPED: "info", Status.FAILED: "error"}.get(
-            to, "error" if fields.get("last_error") else "warning")
+            to, "error" if fields.get("last_error") else "warning"
+        )
         getattr(self.log, level)(event, task=task.id, why=reason)
         if to is Status.BLOCKED:  # a failure stops the run only after its last attempt (visit)
             self.stop_after(task)
@@ -297,8 +360,10 @@ class Runner:
         found = self.store.finding(ref.task, ref.name)
         if found is None:
             have = ", ".join(sorted(f.key for f in self.store.findings().get(ref.task, [])))
-            raise TemplateError(f"${{{ref}}}: task {ref.task!r} recorded no finding "
-                                f"{ref.name!r} (it has: {have or 'none'})")
+            raise TemplateError(
+                f"${{{ref}}}: task {ref.task!r} recorded no finding "
+                f"{ref.name!r} (it has: {have or 'none'})"
+            )
         return found.value
 
     def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
@@ -312,8 +377,7 @@ class Runner:
             except TemplateError as exc:
                 raise TemplateError(f"param {k!r}: {exc}") from None
         for k in cls.path_params & params.keys():
-            confine(k, params[k], resolved[k], (self.home, self.log_dir.parent),
-                    self.lookup)
+            confine(k, params[k], resolved[k], (self.home, self.log_dir.parent), self.lookup)
         return resolved
 
     def check_preconditions(self, task: PlannedTask) -> str | None:
@@ -346,8 +410,13 @@ class Runner:
                 waited = f" after waiting {now - started:.0f}s" if check.wait else ""
                 return f"precondition {check.kind} failed{waited}: {result.found}"
             if now >= next_note:
-                self.log.info("task.waiting", task=task.id, check=check.kind,
-                              waited=f"{now - started:.0f}s", found=result.found)
+                self.log.info(
+                    "task.waiting",
+                    task=task.id,
+                    check=check.kind,
+                    waited=f"{now - started:.0f}s",
+                    found=result.found,
+                )
                 next_note = now + 10.0
             time.sleep(min(check.every, max(deadline - now, 0.0)))
 
@@ -366,8 +435,12 @@ class Runner:
         marker = (PROCESS_MARKER, self.marker(row["run_id"], task.id, row["attempts"]))
         ended = jail(marker).end(grace=10.0)
         if ended:
-            self.log.warning("task.leftovers_ended", task=task.id, pids=ended,
-                             why="left running by an interrupted run")
+            self.log.warning(
+                "task.leftovers_ended",
+                task=task.id,
+                pids=ended,
+                why="left running by an interrupted run",
+            )
 
 
 class _Sink:
@@ -418,4 +491,3 @@ def store_tag(store_path: Path) -> str:
 
 def _signal_name(exc: BaseException) -> str:
     return getattr(exc, "signal_name", "Ctrl-C")
-

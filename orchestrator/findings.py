@@ -38,11 +38,15 @@ def parse_finding_line(line: str) -> Finding | None:
     if not line.startswith(FINDING_PREFIX):
         return None
     if len(line) > MAX_FINDING_LINE:
-        meant = re.match(r"[^\s=]{1,128}(?==)", line[len(FINDING_PREFIX):])
-        return Finding(REJECTED_KEY, meant.group() if meant else "", None,
-                       f"a ::finding line of {len(line):,} characters, over the limit of "
-                       f"{MAX_FINDING_LINE:,}; not recorded")
-    words = split_words(line[len(FINDING_PREFIX):])
+        meant = re.match(r"[^\s=]{1,128}(?==)", line[len(FINDING_PREFIX) :])
+        return Finding(
+            REJECTED_KEY,
+            meant.group() if meant else "",
+            None,
+            f"a ::finding line of {len(line):,} characters, over the limit of "
+            f"{MAX_FINDING_LINE:,}; not recorded",
+        )
+    words = split_words(line[len(FINDING_PREFIX) :])
     if words is None:
         return None
     if not words or "=" not in words[0]:
@@ -95,9 +99,11 @@ def split_words(text: str) -> list[str] | None:
 # Possessive quantifiers: an unclosed quote fails in one pass, without backtracking.
 _SPACE = re.compile(r"[ \t\r\n]+")
 _QUOTING = re.compile(r"""['"\\]""")
-_PIECE = re.compile(r"""(?P<space>[ \t\r\n]+)|(?P<bare>[^ \t\r\n'"\\]+)|(?P<single>'[^']*+')"""
-                    r"""|(?P<double>"(?:[^"\\]++|\\.)*+")|(?P<escape>\\.)|(?P<bad>.)""",
-                    re.DOTALL)
+_PIECE = re.compile(
+    r"""(?P<space>[ \t\r\n]+)|(?P<bare>[^ \t\r\n'"\\]+)|(?P<single>'[^']*+')"""
+    r"""|(?P<double>"(?:[^"\\]++|\\.)*+")|(?P<escape>\\.)|(?P<bad>.)""",
+    re.DOTALL,
+)
 _DOUBLE_ESCAPE = re.compile(r'\\(["\\])')
 
 

@@ -18,8 +18,9 @@ from .lock import RunLock
 from .store import Store
 
 DIGEST_KEY = "finished_digest"
-_NAME = re.compile(rb"^name:[ \t]*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)['\"]?[ \t]*(?:#.*)?$",
-                   re.MULTILINE)
+_NAME = re.compile(
+    rb"^name:[ \t]*['\"]?([A-Za-z0-9][A-Za-z0-9_.-]*)['\"]?[ \t]*(?:#.*)?$", re.MULTILINE
+)
 
 
 def plan_digest(plan_file: Path, var_args: Sequence[str]) -> str | None:

@@ -52,6 +52,7 @@ def close_dead_runs(store: Store, holding_lock: bool) -> list[str]:
         why = why or f"orchestrator pid {run['pid']} (run #{run['id']}) ended unrecorded"
         notes += [f"{task_id}: interrupted ({why})" for task_id in store.mark_dead_run(run, why)]
     if holding_lock:  # a run interrupted between two commits may have left its task behind
-        notes += [f"{task_id}: interrupted (its run had ended)"
-                  for task_id in store.interrupt_strays()]
+        notes += [
+            f"{task_id}: interrupted (its run had ended)" for task_id in store.interrupt_strays()
+        ]
     return notes

@@ -40,8 +40,10 @@ class RunLock:
                     time.sleep(0.02)
                     continue
             os.close(fd)
-            raise StoreLocked(f"{self.path.name[:-5]} is in use by {self.describe_holder()}; "
-                              "wait for that run to end, or stop it") from None
+            raise StoreLocked(
+                f"{self.path.name[:-5]} is in use by {self.describe_holder()}; "
+                "wait for that run to end, or stop it"
+            ) from None
         self._fd = fd
         self._holder = {**holder, "locked_at": time.time()}
         self._write()
@@ -79,8 +81,10 @@ class RunLock:
         except (OSError, ValueError):
             return "another orch run"
         since = time.strftime("%H:%M:%S", time.localtime(h.get("locked_at", 0)))
-        return (f"orch run #{h.get('run_id', '?')} (pid {h.get('pid', '?')} on "
-                f"{h.get('host', '?')}, since {since})")
+        return (
+            f"orch run #{h.get('run_id', '?')} (pid {h.get('pid', '?')} on "
+            f"{h.get('host', '?')}, since {since})"
+        )
 
     def release(self) -> None:
         if self._fd is not None:

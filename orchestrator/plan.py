@@ -170,8 +170,11 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
     variables, secrets = _declared_vars(src, raw_vars, issues)
     for key, value in (var_overrides or {}).items():
         if key not in variables:
-            issues.append(src.issue(("vars",), f"--var {key}: the plan has no var {key!r}"
-                                    f"{suggest(key, variables)}"))
+            issues.append(
+                src.issue(
+                    ("vars",), f"--var {key}: the plan has no var {key!r}{suggest(key, variables)}"
+                )
+            )
         else:
             variables[key] = value
 
@@ -182,16 +185,22 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
         raw_id = raw.get("id") if isinstance(raw, dict) else None
         if isinstance(raw_id, str):
             if raw_id in raw_ids:
-                issues.append(src.issue((*where, "id"), f"duplicate task id {raw_id!r} "
-                                        f"(first at line {src.line(('tasks', raw_ids[raw_id]))})"))
+                issues.append(
+                    src.issue(
+                        (*where, "id"),
+                        f"duplicate task id {raw_id!r} "
+                        f"(first at line {src.line(('tasks', raw_ids[raw_id]))})",
+                    )
+                )
             else:
                 raw_ids[raw_id] = i
         try:
             specs.append((i, TaskSpec.model_validate(raw)))
         except ValidationError as exc:
             label = f"task {raw_id!r}: " if isinstance(raw_id, str) else ""
-            issues += [src.issue((*where, *e["loc"]), label + _sentence(e, TaskSpec))
-                       for e in exc.errors()]
+            issues += [
+                src.issue((*where, *e["loc"]), label + _sentence(e, TaskSpec)) for e in exc.errors()
+            ]
             if (salvaged := _salvage(raw, exc)) is not None:
                 specs.append((i, salvaged))
 
@@ -199,8 +208,9 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
     for i, spec in specs:
-        task = _plan_task(src, ("tasks", i), spec, variables, ids, upstream, issues, suggest,
-                          secrets)
+        task = _plan_task(
+            src, ("tasks", i), spec, variables, ids, upstream, issues, suggest, secrets
+        )
         if task is not None:
             planned.setdefault(spec.id, task)
     if issues or header is None:
@@ -215,8 +225,9 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
 _DECLARATION = {"env", "default", "secret"}
 
 
-def _declared_vars(src: Located, raw: dict[str, Any], issues: list[PlanIssue]
-                   ) -> tuple[dict[str, Any], frozenset[str]]:
+def _declared_vars(
+    src: Located, raw: dict[str, Any], issues: list[PlanIssue]
+) -> tuple[dict[str, Any], frozenset[str]]:
     """Vars' values, and which are secret.
 
     A var is a plain value, or a declaration: a mapping of only `env` (take the value from
@@ -226,8 +237,12 @@ def _declared_vars(src: Located, raw: dict[str, Any], issues: list[PlanIssue]
     values: dict[str, Any] = {}
     secrets: set[str] = set()
     for name, value in raw.items():
-        if not (isinstance(value, dict) and value and set(value) <= _DECLARATION
-                and ("env" in value or "secret" in value)):
+        if not (
+            isinstance(value, dict)
+            and value
+            and set(value) <= _DECLARATION
+            and ("env" in value or "secret" in value)
+        ):
             values[name] = value
             continue
         where = ("vars", name)
@@ -235,19 +250,28 @@ def _declared_vars(src: Located, raw: dict[str, Any], issues: list[PlanIssue]
         if not isinstance(secret, bool):
             issues.append(src.issue((*where, "secret"), f"var {name}: `secret` is true or false"))
         if env is not None and not (isinstance(env, str) and env):
-            issues.append(src.issue((*where, "env"), f"var {name}: `env` names an environment "
-                                    "variable"))
+            issues.append(
+                src.issue((*where, "env"), f"var {name}: `env` names an environment variable")
+            )
             env = None
         if env is not None and env in os.environ:
             values[name] = os.environ[env]
         elif "default" in value:
             values[name] = value["default"]
         elif env is not None:
-            issues.append(src.issue(where, f"var {name}: the environment variable {env} is not "
-                                    "set (export it, or give the var a `default`)"))
+            issues.append(
+                src.issue(
+                    where,
+                    f"var {name}: the environment variable {env} is not "
+                    "set (export it, or give the var a `default`)",
+                )
+            )
         else:
-            issues.append(src.issue(where, f"var {name}: a secret var needs a `default` or an "
-                                    "`env` to come from"))
+            issues.append(
+                src.issue(
+                    where, f"var {name}: a secret var needs a `default` or an `env` to come from"
+                )
+            )
         if secret is True:
             secrets.add(name)
     return values, frozenset(secrets)
@@ -268,16 +292,18 @@ def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
 
 
 def _check_graph(
-    src: Located, specs: list[tuple[int, TaskSpec]], raw_ids: dict[str, int],
-    issues: list[PlanIssue], suggest: Suggester,
+    src: Located,
+    specs: list[tuple[int, TaskSpec]],
+    raw_ids: dict[str, int],
+    issues: list[PlanIssue],
+    suggest: Suggester,
 ) -> Upstream:
     """Unknown needs and cycles; returns the tasks' transitive upstream, where all known."""
     graph: dict[str, list[str]] = {}
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
             if need not in raw_ids:
-                message = (f"task {spec.id!r} needs unknown task {need!r}"
-                           f"{suggest(need, raw_ids)}")
+                message = f"task {spec.id!r} needs unknown task {need!r}{suggest(need, raw_ids)}"
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
     # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
@@ -289,11 +315,17 @@ def _check_graph(
             break
         except graphlib.CycleError as exc:
             cycle: list[str] = exc.args[1][::-1]  # graphlib lists it against the arrows
-            issues.append(src.issue(("tasks", raw_ids[cycle[0]], "needs"),
-                                    f"dependency cycle: {' -> '.join(cycle)}"))
+            issues.append(
+                src.issue(
+                    ("tasks", raw_ids[cycle[0]], "needs"), f"dependency cycle: {' -> '.join(cycle)}"
+                )
+            )
             cyclic |= set(cycle)
-            acyclic = {t: [n for n in needs if n not in cyclic]
-                       for t, needs in acyclic.items() if t not in cyclic}
+            acyclic = {
+                t: [n for n in needs if n not in cyclic]
+                for t, needs in acyclic.items()
+                if t not in cyclic
+            }
     return Upstream(graph, cyclic | (set(raw_ids) - set(graph)))
 
 
@@ -324,8 +356,14 @@ class Upstream:
 
 
 def _plan_task(
-    src: Located, where: Path_, spec: TaskSpec, variables: dict[str, Any], ids: set[str],
-    upstream: Upstream, issues: list[PlanIssue], suggest: Suggester,
+    src: Located,
+    where: Path_,
+    spec: TaskSpec,
+    variables: dict[str, Any],
+    ids: set[str],
+    upstream: Upstream,
+    issues: list[PlanIssue],
+    suggest: Suggester,
     secrets: frozenset[str] = frozenset(),
 ) -> PlannedTask | None:
     label = f"task {spec.id!r}"
@@ -340,8 +378,10 @@ def _plan_task(
             issues.append(src.issue(at, f"{label}: {exc}"))
             return used
         for ref in refs:
-            issues.extend(src.issue(at, f"{label}: {p}") for p in _ref_problems(
-                ref, spec.id, variables, ids, upstream, suggest))
+            issues.extend(
+                src.issue(at, f"{label}: {p}")
+                for p in _ref_problems(ref, spec.id, variables, ids, upstream, suggest)
+            )
             if ref.task is None:
                 used.add(ref.name)
         return used
@@ -367,8 +407,10 @@ def _plan_task(
         try:
             check = CheckSpec.model_validate(raw)
         except ValidationError as exc:
-            issues += [src.issue((*at, *e["loc"]), f"{label} precondition: {_sentence(e)}")
-                       for e in exc.errors()]
+            issues += [
+                src.issue((*at, *e["loc"]), f"{label} precondition: {_sentence(e)}")
+                for e in exc.errors()
+            ]
             continue
         params = dict(check.model_extra or {})
         for key, value in params.items():
@@ -378,16 +420,20 @@ def _plan_task(
         except registry.UnknownKind as exc:
             issues.append(src.issue((*at, "kind"), f"{label}: {exc}"))
             continue
-        _validate_params(src, at, f"{label} precondition {check.kind!r}", check_cls, params,
-                         variables, issues)
-        checks.append(PlannedCheck(check.kind, check_cls, params, check.wait, check.every,
-                                   src.line(at)))
+        _validate_params(
+            src, at, f"{label} precondition {check.kind!r}", check_cls, params, variables, issues
+        )
+        checks.append(
+            PlannedCheck(check.kind, check_cls, params, check.wait, check.every, src.line(at))
+        )
     if len(issues) > before or cls is None:
         return None
     # A secret is not part of a task's identity: a rotated token re-runs nothing (and is
     # never stored).
     fingerprint = {
-        "kind": spec.kind, "params": spec.params, "when": spec.when,
+        "kind": spec.kind,
+        "params": spec.params,
+        "when": spec.when,
         "preconditions": spec.preconditions,
         "vars": {k: MASK if k in secrets else variables[k] for k in sorted(used)},
     }
@@ -417,8 +463,12 @@ def _when_problem(expr: str) -> str | None:
 
 
 def _ref_problems(
-    ref: Ref, task_id: str, variables: dict[str, Any], ids: set[str],
-    upstream: Upstream, suggest: Suggester,
+    ref: Ref,
+    task_id: str,
+    variables: dict[str, Any],
+    ids: set[str],
+    upstream: Upstream,
+    suggest: Suggester,
 ) -> list[str]:
     if ref.task is None:
         if ref.name not in variables:
@@ -426,14 +476,21 @@ def _ref_problems(
     elif ref.task not in ids:
         return [f"${{{ref}}}: no task {ref.task!r}{suggest(ref.task, ids)}"]
     elif (above := upstream.of(task_id)) is not None and ref.task not in above:
-        return [f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
-                "add it to `needs` so it runs first"]
+        return [
+            f"${{{ref}}}: {ref.task!r} is not among the needs of {task_id!r}; "
+            "add it to `needs` so it runs first"
+        ]
     return []
 
 
 def _validate_params(
-    src: Located, at: Path_, label: str, cls: type[Any], params: dict[str, Any],
-    variables: dict[str, Any], issues: list[PlanIssue],
+    src: Located,
+    at: Path_,
+    label: str,
+    cls: type[Any],
+    params: dict[str, Any],
+    variables: dict[str, Any],
+    issues: list[PlanIssue],
 ) -> None:
     """Validate params against the kind's model now; fields that use findings wait for run time.
 
@@ -463,8 +520,11 @@ def _validate_params(
 
     deferred = {k for k, v in params.items() if unresolvable(v)}
     try:
-        view = {k: resolve(v, lambda r: variables.get(r.name)) for k, v in params.items()
-                if k not in deferred}
+        view = {
+            k: resolve(v, lambda r: variables.get(r.name))
+            for k, v in params.items()
+            if k not in deferred
+        }
         # A deferred param's name is still checked now: a typo must not wait for run time.
         view |= {k: None for k in deferred if k not in cls.Params.model_fields}
         cls.Params.model_validate(view)
@@ -546,8 +606,10 @@ def parse_var(text: str) -> tuple[str, Any]:
         raise ValueError(f"--var {key}: {exc.issues[0].message}") from None
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ValueError(f"--var {key}={raw!r} is not valid YAML ({problem}): for text, quote "
-                         f"it: --var '{key}=\"...\"'") from None
+        raise ValueError(
+            f"--var {key}={raw!r} is not valid YAML ({problem}): for text, quote "
+            f"it: --var '{key}=\"...\"'"
+        ) from None
 
 
 def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
@@ -569,8 +631,10 @@ def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> 
 
 def _differing(text: str, other: str, context: int = 12) -> str:
     """`text` cut to where it differs from `other`, so a long command shows its change."""
-    start = next((i for i, (x, y) in enumerate(zip(text, other, strict=False)) if x != y),
-                 min(len(text), len(other)))
+    start = next(
+        (i for i, (x, y) in enumerate(zip(text, other, strict=False)) if x != y),
+        min(len(text), len(other)),
+    )
     end = 0
     while end < min(len(text), len(other)) - start and text[-1 - end] == other[-1 - end]:
         end += 1

@@ -142,7 +142,6 @@ def run_process(
     return ProcessResult(proc.returncode, log_path, offset)
 
 
-
 class LogCap:
     """Keep a process's log at about `limit` bytes: its first half, a note, its latest output.
 
@@ -217,9 +216,7 @@ def terminate_pids(
 INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
-def _terminate(
-    pids: list[int], grace: float, leader: subprocess.Popen[Any] | None
-) -> list[int]:
+def _terminate(pids: list[int], grace: float, leader: subprocess.Popen[Any] | None) -> list[int]:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -257,12 +254,17 @@ def marked(marker: tuple[str, str]) -> list[int]:
     was spawned: in its group or out of it (`setsid`, a daemonizing double fork, vLLM's
     EngineCore and workers). Only a process that clears its own environment escapes it.
     """
-    return [pid for entry in os.listdir("/proc") if entry.isdigit()  # environ first: rarer
-            if _has_marker(pid := int(entry), marker) and is_alive(pid)]
+    return [
+        pid
+        for entry in os.listdir("/proc")
+        if entry.isdigit()  # environ first: rarer
+        if _has_marker(pid := int(entry), marker) and is_alive(pid)
+    ]
 
 
-def terminate_marked(marker: tuple[str, str], grace: float,
-                     leader: subprocess.Popen[Any] | None = None) -> list[int]:
+def terminate_marked(
+    marker: tuple[str, str], grace: float, leader: subprocess.Popen[Any] | None = None
+) -> list[int]:
     """End every process carrying `marker`, scanning again until none is left: a process
     forked while the first ones were ending (a worker respawned) is caught by the next scan.
     Returns every pid signalled; a process that will not die is the caller's to report."""

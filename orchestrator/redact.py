@@ -25,8 +25,11 @@ def register(values: Iterable[Any]) -> None:
     global _pattern
     _secrets.update(text for v in values if (text := str(v)))
     # Longest first, so a secret that contains another is masked whole.
-    _pattern = (re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
-                if _secrets else None)
+    _pattern = (
+        re.compile("|".join(re.escape(s) for s in sorted(_secrets, key=len, reverse=True)))
+        if _secrets
+        else None
+    )
 
 
 def forget() -> None:

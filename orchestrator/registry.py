@@ -72,8 +72,10 @@ def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
             raise UnknownKind(f"cannot import {noun} {kind!r}: {exc}") from None
     else:
         known = known_kinds(group)
-        raise UnknownKind(f"unknown {noun} {kind!r}{did_you_mean(kind, known)}; known: "
-                          f"{', '.join(known)}, or module:Class")
+        raise UnknownKind(
+            f"unknown {noun} {kind!r}{did_you_mean(kind, known)}; known: "
+            f"{', '.join(known)}, or module:Class"
+        )
     base = _BASES[group]
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise UnknownKind(f"{kind!r} is not a subclass of orchestrator.{base.__name__}")

@@ -28,8 +28,12 @@ from .store import Store, runs_dir
 
 # Colours of a task's attempt by how it ended; colour-blind safe (Okabe-Ito).
 OUTCOME_COLOURS: dict[str, str] = {
-    Status.COMPLETED: "#009E73", Status.FAILED: "#D55E00", Status.INTERRUPTED: "#E69F00",
-    Status.IN_PROGRESS: "#56B4E9", Status.BLOCKED: "#555555", Status.SKIPPED: "#8C8C8C",
+    Status.COMPLETED: "#009E73",
+    Status.FAILED: "#D55E00",
+    Status.INTERRUPTED: "#E69F00",
+    Status.IN_PROGRESS: "#56B4E9",
+    Status.BLOCKED: "#555555",
+    Status.SKIPPED: "#8C8C8C",
 }
 
 
@@ -100,13 +104,17 @@ def attempts_of(transitions: Sequence[Any]) -> tuple[list[Attempt], list[Attempt
             ran.append(Attempt(task, attempt, start, at, to))
         elif to in (Status.SKIPPED, Status.BLOCKED):
             marks.append(Attempt(task, t["attempt"] or 0, at, at, to))
-    ran += [Attempt(task, a, start, None, Status.IN_PROGRESS)
-            for task, (a, start) in open_.items()]
+    ran += [Attempt(task, a, start, None, Status.IN_PROGRESS) for task, (a, start) in open_.items()]
     return sorted(ran, key=lambda a: a.start), marks
 
 
-def timeline(order: Sequence[str], attempts: Sequence[Attempt], marks: Sequence[Attempt],
-             run_start: float, run_end: float | None) -> Figure:
+def timeline(
+    order: Sequence[str],
+    attempts: Sequence[Attempt],
+    marks: Sequence[Attempt],
+    run_start: float,
+    run_end: float | None,
+) -> Figure:
     """Each task's attempts as bars on the run's clock; failures in their colour, gaps between
     attempts (retry delays, waits for preconditions) visible as gaps, skips and blocks as marks."""
     plt = pyplot()
@@ -115,33 +123,55 @@ def timeline(order: Sequence[str], attempts: Sequence[Attempt], marks: Sequence[
     fig, ax = plt.subplots(figsize=(9, 0.6 + 0.32 * max(len(rows), 1)))
     for a in attempts:
         stop = a.end if a.end is not None else end
-        ax.barh(rows[a.task_id], max(stop - a.start, (end - run_start) * 0.003),
-                left=a.start - run_start, color=OUTCOME_COLOURS.get(a.outcome, "#000000"),
-                edgecolor="black", linewidth=0.4, height=0.6)
+        ax.barh(
+            rows[a.task_id],
+            max(stop - a.start, (end - run_start) * 0.003),
+            left=a.start - run_start,
+            color=OUTCOME_COLOURS.get(a.outcome, "#000000"),
+            edgecolor="black",
+            linewidth=0.4,
+            height=0.6,
+        )
     for m in marks:
-        ax.plot(m.start - run_start, rows[m.task_id], marker="x", linestyle="",
-                color=OUTCOME_COLOURS[m.outcome], markersize=7)
+        ax.plot(
+            m.start - run_start,
+            rows[m.task_id],
+            marker="x",
+            linestyle="",
+            color=OUTCOME_COLOURS[m.outcome],
+            markersize=7,
+        )
     ax.set_yticks(range(len(order)), order, fontsize=8)
     ax.invert_yaxis()
     ax.set_xlabel("seconds since the run started")
     ax.set_xlim(0, max(end - run_start, 1.0) * 1.02)
     ax.grid(axis="x", alpha=0.3)
     shown = {a.outcome for a in attempts} | {m.outcome for m in marks}
-    handles = [plt.Rectangle((0, 0), 1, 1, color=OUTCOME_COLOURS[s]) for s in OUTCOME_COLOURS
-               if s in shown]
-    ax.legend(handles, [str(s).replace("_", " ") for s in OUTCOME_COLOURS if s in shown],
-              loc="lower right", fontsize=7)
+    handles = [
+        plt.Rectangle((0, 0), 1, 1, color=OUTCOME_COLOURS[s]) for s in OUTCOME_COLOURS if s in shown
+    ]
+    ax.legend(
+        handles,
+        [str(s).replace("_", " ") for s in OUTCOME_COLOURS if s in shown],
+        loc="lower right",
+        fontsize=7,
+    )
     fig.tight_layout()
-    return Figure("timeline", "Timeline", png_of(fig),
-                  "each bar is one attempt of a task; colour: how it ended; x: skipped or "
-                  "blocked without running")
+    return Figure(
+        "timeline",
+        "Timeline",
+        png_of(fig),
+        "each bar is one attempt of a task; colour: how it ended; x: skipped or "
+        "blocked without running",
+    )
 
 
 SectionsOf = Callable[[str, Mapping[str, Finding]], Sequence[Section]]
 
 
-def write_report(store: Store, out_dir: Path, sections_of: SectionsOf,
-                 run_id: int | None = None) -> tuple[Path, list[Path]]:
+def write_report(
+    store: Store, out_dir: Path, sections_of: SectionsOf, run_id: int | None = None
+) -> tuple[Path, list[Path]]:
     """Write `out_dir/report.html` and a PNG per figure; returns their paths.
 
     `sections_of(kind, findings)` asks a task's kind for its sections (the CLI resolves kinds;
@@ -156,8 +186,11 @@ def write_report(store: Store, out_dir: Path, sections_of: SectionsOf,
     findings = store.findings()
     moves = [t for t in store.transitions(limit=10_000_000) if t["run_id"] == run["id"]]
     ran, marks = attempts_of(moves)
-    figures = [timeline([t["id"] for t in todos], ran, marks, run["started_at"],
-                        run["ended_at"])] if moves else []
+    figures = (
+        [timeline([t["id"] for t in todos], ran, marks, run["started_at"], run["ended_at"])]
+        if moves
+        else []
+    )
     sections = []
     for t in todos:
         if found := findings.get(t["id"]):
@@ -193,9 +226,11 @@ def _when(ts: float | None) -> str:
 
 def _figure_html(fig: Figure) -> str:
     data = base64.b64encode(fig.png).decode()
-    return (f'<figure><img alt="{_e(fig.title)}" src="data:image/png;base64,{data}">'
-            f"<figcaption>{_e(fig.title)}{': ' + _e(fig.caption) if fig.caption else ''}"
-            f" ({_e(fig.name)}.png)</figcaption></figure>")
+    return (
+        f'<figure><img alt="{_e(fig.title)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{_e(fig.title)}{': ' + _e(fig.caption) if fig.caption else ''}"
+        f" ({_e(fig.name)}.png)</figcaption></figure>"
+    )
 
 
 def _finding_text(f: Finding) -> str:
@@ -203,21 +238,35 @@ def _finding_text(f: Finding) -> str:
     return text + (f" ({f.note})" if f.note else "")
 
 
-def _page(store: Store, run: Any, todos: Sequence[Any], findings: Mapping[str, list[Finding]],
-          figures: Sequence[Figure], sections: Sequence[tuple[str, Section]]) -> str:
+def _page(
+    store: Store,
+    run: Any,
+    todos: Sequence[Any],
+    findings: Mapping[str, list[Finding]],
+    figures: Sequence[Figure],
+    sections: Sequence[tuple[str, Section]],
+) -> str:
     plan = store.plan_name() or store.path.stem
-    took = (format_duration(run["ended_at"] - run["started_at"])
-            if run["ended_at"] else "still running or died")
+    took = (
+        format_duration(run["ended_at"] - run["started_at"])
+        if run["ended_at"]
+        else "still running or died"
+    )
     rows = []
     for t in todos:
-        took_t = (format_duration(t["ended_at"] - t["started_at"])
-                  if t["ended_at"] and t["started_at"] else "")
+        took_t = (
+            format_duration(t["ended_at"] - t["started_at"])
+            if t["ended_at"] and t["started_at"]
+            else ""
+        )
         found = "<br>".join(_e(_finding_text(f)) for f in findings.get(t["id"], []))
         why = _e(t["last_error"] or t["reason"] or "")
-        rows.append(f'<tr><td>{_e(t["id"])}</td><td>{_e(t["title"])}</td>'
-                    f'<td class="{_e(t["status"])}">{_e(t["status"])}</td>'
-                    f'<td>{t["attempts"]}</td><td>{_e(took_t)}</td><td>{found}</td>'
-                    f"<td>{why}</td></tr>")
+        rows.append(
+            f"<tr><td>{_e(t['id'])}</td><td>{_e(t['title'])}</td>"
+            f'<td class="{_e(t["status"])}">{_e(t["status"])}</td>'
+            f"<td>{t['attempts']}</td><td>{_e(took_t)}</td><td>{found}</td>"
+            f"<td>{why}</td></tr>"
+        )
     parts = [
         "<!DOCTYPE html><html lang=en><head><meta charset=utf-8>",
         "<meta http-equiv=Content-Security-Policy content=\"default-src 'none'; "
@@ -228,7 +277,9 @@ def _page(store: Store, run: Any, todos: Sequence[Any], findings: Mapping[str, l
         f"store {_e(store.path)}; logs {_e(runs_dir(store.path) / str(run['id']))}</p>",
         *(_figure_html(f) for f in figures),
         "<h2>Board</h2><table><tr><th>task</th><th>title</th><th>status</th><th>attempts</th>"
-        "<th>took</th><th>findings</th><th>why</th></tr>", *rows, "</table>",
+        "<th>took</th><th>findings</th><th>why</th></tr>",
+        *rows,
+        "</table>",
     ]
     for task_id, s in sections:
         parts.append(f'<h2 id="{_e(task_id)}">{_e(s.title)}</h2>')
@@ -236,6 +287,8 @@ def _page(store: Store, run: Any, todos: Sequence[Any], findings: Mapping[str, l
         parts += [_figure_html(f) for f in s.figures]
         if s.text:
             parts.append(f"<pre>{_e(s.text)}</pre>")
-    parts.append(f"<p><small>made by orch report at {_e(_when(datetime.now().timestamp()))}"
-                 "</small></p></body></html>")
+    parts.append(
+        f"<p><small>made by orch report at {_e(_when(datetime.now().timestamp()))}"
+        "</small></p></body></html>"
+    )
     return "\n".join(parts)

@@ -30,9 +30,14 @@ def release_all(store: Store, log: Any, why: str) -> None:
         try:
             done = resolve(row["kind"]).release(json.loads(row["data"]))
         except Exception as exc:  # a kind's bug must not keep the rest running
-            log.error("resource.release_failed", resource=row["name"], task=row["task_id"],
-                      error=f"{type(exc).__name__}: {exc}")
+            log.error(
+                "resource.release_failed",
+                resource=row["name"],
+                task=row["task_id"],
+                error=f"{type(exc).__name__}: {exc}",
+            )
             continue
         store.release(row["name"], None, why)
-        log.warning("resource.released", resource=row["name"], task=row["task_id"], why=why,
-                    done=done)
+        log.warning(
+            "resource.released", resource=row["name"], task=row["task_id"], why=why, done=done
+        )

@@ -14,12 +14,15 @@ import structlog
 from .redact import mask_value
 from .terminal import clean, use_color
 
-LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING,
-          "error": logging.ERROR}
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
 
 
-def _masked(logger: Any, method: str, event: MutableMapping[str, Any]
-            ) -> MutableMapping[str, Any]:
+def _masked(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
     return {k: mask_value(v) for k, v in event.items()}
 
 
@@ -39,8 +42,7 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
         event.pop("run", None)  # the terminal knows which run it is watching
         event["timestamp"] = str(event.get("timestamp", ""))[11:19]  # HH:MM:SS of the ISO time
         # The file above keeps exact values (JSON escapes them); the terminal gets no escapes.
-        return {k: clean(v, multiline=False) if isinstance(v, str) else v
-                for k, v in event.items()}
+        return {k: clean(v, multiline=False) if isinstance(v, str) else v for k, v in event.items()}
 
     structlog.configure(
         processors=[
@@ -48,8 +50,9 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
             structlog.processors.TimeStamper(fmt="iso", utc=False),
             _masked,  # before both sinks: a secret reaches neither events.jsonl nor the terminal
             tee,
-            structlog.dev.ConsoleRenderer(colors=use_color(sys.stderr), pad_event_to=18,
-                                         sort_keys=False),
+            structlog.dev.ConsoleRenderer(
+                colors=use_color(sys.stderr), pad_event_to=18, sort_keys=False
+            ),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(logging.INFO),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),

@@ -51,15 +51,20 @@ class Selection:
 
     @classmethod
     def of(
-        cls, plan: Plan, rerun: Sequence[str] = (), from_task: str | None = None,
-        only: Sequence[str] = (), resources: Sequence[sqlite3.Row] = (),
+        cls,
+        plan: Plan,
+        rerun: Sequence[str] = (),
+        from_task: str | None = None,
+        only: Sequence[str] = (),
+        resources: Sequence[sqlite3.Row] = (),
     ) -> Selection:
         """`resources`: the store's rows (store.resources()); without them a rerun is not cut
         at releasers (nothing says who holds what)."""
         for task_id in [*rerun, *only, *([from_task] if from_task else [])]:
             if task_id not in plan.by_id:
-                raise UsageError(f"no task {task_id!r} in {plan.file} "
-                                 f"(tasks: {', '.join(plan.by_id)})")
+                raise UsageError(
+                    f"no task {task_id!r} in {plan.file} (tasks: {', '.join(plan.by_id)})"
+                )
         holders = {r["name"]: r["task_id"] for r in resources}
         forced = {d for r in rerun for d in _rerun_downstream(plan, r, holders)}
         if from_task:
@@ -72,7 +77,10 @@ class Selection:
         return cls(frozenset(forced), frozenset(scope), tuple(rerun), from_task, tuple(only))
 
     def reviving(
-        self, plan: Plan, resources: Sequence[sqlite3.Row], statuses: Mapping[str, Status],
+        self,
+        plan: Plan,
+        resources: Sequence[sqlite3.Row],
+        statuses: Mapping[str, Status],
     ) -> tuple[Selection, dict[str, str]]:
         """This selection knowing the store's `resources` (store.resources()): the rerun cut at
         releasers, each completed holder whose resource is not held now run again while a task
@@ -94,16 +102,23 @@ class Selection:
                 if holder in forced or statuses.get(holder) is not Status.COMPLETED:
                     continue
                 stoppers = {s for r in rows for s in releasers.get(r["name"], ())}
-                users = [d for d in plan.dependents[holder] if d not in stoppers and d in scope
-                         and (d in forced or not statuses.get(d, Status.PENDING).done)]
+                users = [
+                    d
+                    for d in plan.dependents[holder]
+                    if d not in stoppers
+                    and d in scope
+                    and (d in forced or not statuses.get(d, Status.PENDING).done)
+                ]
                 if not users:
                     continue
                 changed = True
                 forced.add(holder)
                 scope.add(holder)
                 need = f"{', '.join(users)} still need{'s' if len(users) == 1 else ''} it"
-                how = "; ".join(f"stopped by {r['released_by']}" if r["released_by"]
-                                else f"ended ({r['how']})" for r in rows)
+                how = "; ".join(
+                    f"stopped by {r['released_by']}" if r["released_by"] else f"ended ({r['how']})"
+                    for r in rows
+                )
                 why.setdefault(holder, []).append(f"what it held was {how}; {need}")
                 for row in rows:
                     for stopper in releasers.get(row["name"], ()):
@@ -113,13 +128,22 @@ class Selection:
                         forced.add(stopper)
                         scope.add(stopper)
                         for user in users:  # unless already ordered (or it would loop)
-                            if not (_depends(plan, after, stopper, user)
-                                    or _depends(plan, after, user, stopper)):
+                            if not (
+                                _depends(plan, after, stopper, user)
+                                or _depends(plan, after, user, stopper)
+                            ):
                                 after.setdefault(stopper, set()).add(user)
                         why.setdefault(stopper, []).append(
-                            f"stops {row['name']} again after {', '.join(users)}")
-        selection = Selection(frozenset(forced), frozenset(scope), self.rerun, self.from_task,
-                              self.only, {k: frozenset(v) for k, v in after.items()})
+                            f"stops {row['name']} again after {', '.join(users)}"
+                        )
+        selection = Selection(
+            frozenset(forced),
+            frozenset(scope),
+            self.rerun,
+            self.from_task,
+            self.only,
+            {k: frozenset(v) for k, v in after.items()},
+        )
         return selection, {task_id: "; ".join(whys) for task_id, whys in why.items()}
 
 
@@ -182,7 +206,9 @@ class Decision:
 
 
 def decide(
-    task: PlannedTask, row: sqlite3.Row | None, selection: Selection,
+    task: PlannedTask,
+    row: sqlite3.Row | None,
+    selection: Selection,
     statuses: Mapping[str, Status],
 ) -> Decision:
     """What a run does with `task`, given the statuses its needs have reached in this run."""
@@ -192,8 +218,11 @@ def decide(
     if status.done and task.id not in selection.forced:
         if row is not None and row["spec_hash"] != task.spec_hash:
             old = json.loads(row["spec"]) if row["spec"] else {}
-            return Decision(Action.KEEP, f"{status}, but stale", tuple(
-                what_changed(old, task.fingerprint) or ["the spec changed"]))
+            return Decision(
+                Action.KEEP,
+                f"{status}, but stale",
+                tuple(what_changed(old, task.fingerprint) or ["the spec changed"]),
+            )
         return Decision(Action.KEEP, str(status))
     for need in task.spec.needs:
         need_status = statuses.get(need, Status.PENDING)
@@ -202,7 +231,8 @@ def decide(
         if need_status in (Status.FAILED, Status.BLOCKED, Status.INTERRUPTED):
             return Decision(Action.BLOCK, f"needs {need}, which is {need_status}")
         if need not in selection.scope:
-            return Decision(Action.BLOCK, f"needs {need}, which is {need_status} "
-                                          "and not selected to run")
+            return Decision(
+                Action.BLOCK, f"needs {need}, which is {need_status} and not selected to run"
+            )
         return Decision(Action.WAIT, f"waits for {need}")
     return Decision(Action.RUN, f"was {status}" if status is not Status.PENDING else "")

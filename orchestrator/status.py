@@ -27,8 +27,9 @@ ALLOWED: dict[Status, frozenset[Status]] = {
     # (a ${...} that cannot be resolved).
     # `orch forget` / `orch reset` make a task not running pending again.
     **{
-        s: frozenset({Status.IN_PROGRESS, Status.SKIPPED, Status.BLOCKED, Status.FAILED,
-                      Status.PENDING})
+        s: frozenset(
+            {Status.IN_PROGRESS, Status.SKIPPED, Status.BLOCKED, Status.FAILED, Status.PENDING}
+        )
         for s in _NOT_RUNNING
     },
     Status.IN_PROGRESS: frozenset({Status.COMPLETED, Status.FAILED, Status.INTERRUPTED}),

@@ -58,42 +58,90 @@ R = TypeVar("R")
 COLUMNS: dict[str, dict[str, type]] = {
     "meta": {"key": str, "value": str},
     "runs": {
-        "id": int, "plan_file": str, "started_at": float, "ended_at": float, "outcome": str,
-        "pid": int, "pid_started_at": float, "host": str, "boot_id": str, "argv": str,
+        "id": int,
+        "plan_file": str,
+        "started_at": float,
+        "ended_at": float,
+        "outcome": str,
+        "pid": int,
+        "pid_started_at": float,
+        "host": str,
+        "boot_id": str,
+        "argv": str,
         "log_dir": str,
     },
     "todos": {
-        "id": str, "position": int, "title": str, "priority": str, "kind": str, "needs": str,
-        "in_plan": int, "status": str, "reason": str, "attempts": int, "spec_hash": str,
-        "spec": str, "started_at": float, "ended_at": float, "last_error": str,
-        "output_tail": str, "run_id": int, "log_path": str, "pgid": int,
-        "pgid_started_at": float, "updated_at": float,
+        "id": str,
+        "position": int,
+        "title": str,
+        "priority": str,
+        "kind": str,
+        "needs": str,
+        "in_plan": int,
+        "status": str,
+        "reason": str,
+        "attempts": int,
+        "spec_hash": str,
+        "spec": str,
+        "started_at": float,
+        "ended_at": float,
+        "last_error": str,
+        "output_tail": str,
+        "run_id": int,
+        "log_path": str,
+        "pgid": int,
+        "pgid_started_at": float,
+        "updated_at": float,
     },
     "transitions": {
-        "seq": int, "task_id": str, "from_status": str, "to_status": str, "at": float,
-        "reason": str, "run_id": int, "attempt": int,
+        "seq": int,
+        "task_id": str,
+        "from_status": str,
+        "to_status": str,
+        "at": float,
+        "reason": str,
+        "run_id": int,
+        "attempt": int,
     },
     "findings": {
         # bytes -> BLOB: no type affinity, so 42 stays an int and "42%" text.
-        "seq": int, "task_id": str, "attempt": int, "key": str, "value": bytes, "unit": str,
-        "note": str, "at": float, "run_id": int,
+        "seq": int,
+        "task_id": str,
+        "attempt": int,
+        "key": str,
+        "value": bytes,
+        "unit": str,
+        "note": str,
+        "at": float,
+        "run_id": int,
     },
     "resources": {
         # data: JSON the holding kind needs to end it (pid, unit, log path ...).
-        "name": str, "task_id": str, "kind": str, "data": str, "run_id": int, "held_at": float,
-        "released_at": float, "released_by": str, "how": str,
+        "name": str,
+        "task_id": str,
+        "kind": str,
+        "data": str,
+        "run_id": int,
+        "held_at": float,
+        "released_at": float,
+        "released_by": str,
+        "how": str,
     },
 }
 _TABLE_OPTIONS: dict[str, dict[str, Any]] = {
     "meta": {"pk": "key"},
     "runs": {"pk": "id"},
-    "todos": {"pk": "id", "not_null": {"status", "title"},
-              "defaults": {"attempts": 0, "in_plan": 1}},
+    "todos": {
+        "pk": "id",
+        "not_null": {"status", "title"},
+        "defaults": {"attempts": 0, "in_plan": 1},
+    },
     "transitions": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "findings": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "resources": {"pk": "name"},
 }
 _SINCE = {"resources": 2}  # tables added by a later schema version
+
 
 @dataclass(frozen=True)
 class TodoSpec:
@@ -130,8 +178,10 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
         return f"{path} is damaged ({exc.object.decode('utf-8', 'replace')}): {_RESTORE}"
     name = getattr(exc, "sqlite_errorname", "")
     if name.startswith("SQLITE_FULL"):
-        return (f"{path}: the disk is full; what was recorded before is intact: free space, "
-                "then run again")
+        return (
+            f"{path}: the disk is full; what was recorded before is intact: free space, "
+            "then run again"
+        )
     if name.startswith("SQLITE_READONLY"):
         return f"{path} is read-only: `orch run` must write it (use another --store)"
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
@@ -143,13 +193,16 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
 
 def lost_message(path: Path, replaced: bool = False) -> str:
     what = "replaced by another file" if replaced else "removed"
-    return (f"{path} was {what} during the run: nothing more can be recorded, so the run "
-            "stopped; restore the store from a backup, or run again to start over (every task "
-            "runs again)")
+    return (
+        f"{path} was {what} during the run: nothing more can be recorded, so the run "
+        "stopped; restore the store from a backup, or run again to start over (every task "
+        "runs again)"
+    )
 
 
 def _guarded(method: Callable[P, R]) -> Callable[P, R]:
     """Turn the sqlite3 errors of a Store method into a StoreError that names the file."""
+
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
         try:
@@ -158,6 +211,7 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
             store = args[0]
             assert isinstance(store, Store)
             raise StoreError(fault_message(store.path, exc)) from None
+
     return wrapper
 
 
@@ -172,11 +226,9 @@ def _check_file(path: Path) -> None:
     except OSError as exc:
         raise StoreError(f"{path} cannot be read: {exc.strerror}") from None
     if size == 0:
-        raise StoreError(f"{path} is empty (0 bytes), not a new store: "
-                         + _RESTORE)
+        raise StoreError(f"{path} is empty (0 bytes), not a new store: " + _RESTORE)
     if len(header) < 100 or not header.startswith(SQLITE_MAGIC):
-        raise StoreError(f"{path} is not an SQLite database (damaged or another file): "
-                         + _RESTORE)
+        raise StoreError(f"{path} is not an SQLite database (damaged or another file): " + _RESTORE)
     page_size = int.from_bytes(header[16:18], "big")
     page_size = 65536 if page_size == 1 else page_size
     pages = int.from_bytes(header[28:32], "big")
@@ -184,8 +236,7 @@ def _check_file(path: Path) -> None:
     # file may lawfully be shorter than it says until then (quick_check still judges it).
     wal = path.with_name(path.name + "-wal")
     if size < page_size * pages and not wal.exists():
-        raise StoreError(f"{path} is truncated ({size} of {page_size * pages} bytes): "
-                         + _RESTORE)
+        raise StoreError(f"{path} is truncated ({size} of {page_size * pages} bytes): " + _RESTORE)
 
 
 def _writable(path: Path) -> bool:
@@ -201,11 +252,18 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
     reads the main file alone and takes no lock: the last commits of a run killed before its
     checkpoint may then be missing from what is shown.
     """
-    uris = [f"file:{quote(str(path.absolute()))}?mode=ro",
-            f"file:{quote(str(path.absolute()))}?immutable=1"] if readonly else [str(path)]
+    uris = (
+        [
+            f"file:{quote(str(path.absolute()))}?mode=ro",
+            f"file:{quote(str(path.absolute()))}?immutable=1",
+        ]
+        if readonly
+        else [str(path)]
+    )
     for i, uri in enumerate(uris):
-        conn = sqlite3.connect(uri, uri=readonly, isolation_level=None,
-                               timeout=BUSY_TIMEOUT_MS / 1000)
+        conn = sqlite3.connect(
+            uri, uri=readonly, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+        )
         try:
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
@@ -239,13 +297,16 @@ class Store:
         if not path.exists():
             if not create:
                 raise StoreError(
-                    f"no store at {path} (has this plan been run? try `orch run PLAN`)")
+                    f"no store at {path} (has this plan been run? try `orch run PLAN`)"
+                )
             cls._make(path)
         _check_file(path)
         readonly = not _writable(path)
         if readonly and create:
-            raise StoreError(f"{path} is read-only: `orch run` must write it "
-                             "(make it writable, or copy it and use --store)")
+            raise StoreError(
+                f"{path} is read-only: `orch run` must write it "
+                "(make it writable, or copy it and use --store)"
+            )
         try:
             conn = _connect(path, readonly)
         except SQLITE_ERRORS as exc:
@@ -290,8 +351,11 @@ class Store:
         except OSError as exc:
             raise StoreError(f"cannot create the store {path}: {exc.strerror}") from None
         finally:
-            for leftover in (tmp, tmp.with_name(tmp.name + "-wal"),
-                             tmp.with_name(tmp.name + "-shm")):
+            for leftover in (
+                tmp,
+                tmp.with_name(tmp.name + "-wal"),
+                tmp.with_name(tmp.name + "-shm"),
+            ):
                 leftover.unlink(missing_ok=True)
 
     @_guarded
@@ -301,28 +365,37 @@ class Store:
             raise StoreError(f"{self.path} is damaged (quick_check: {problem}): {_RESTORE}")
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
-            raise StoreError(f"{self.path} was written by a newer orch (schema {version}, this "
-                             f"orch knows {SCHEMA_VERSION}): upgrade orch to use it")
+            raise StoreError(
+                f"{self.path} was written by a newer orch (schema {version}, this "
+                f"orch knows {SCHEMA_VERSION}): upgrade orch to use it"
+            )
         if version == 0:
-            raise StoreError(f"{self.path} is an SQLite database but not an orch store: "
-                             "use another --store")
+            raise StoreError(
+                f"{self.path} is an SQLite database but not an orch store: use another --store"
+            )
         for table, columns in COLUMNS.items():
             if version < _SINCE.get(table, 1):
                 continue
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
             if not have >= columns.keys():
-                raise StoreError(f"{self.path} is damaged (table {table} lacks "
-                                 f"{', '.join(sorted(columns.keys() - have))}): {_RESTORE}")
+                raise StoreError(
+                    f"{self.path} is damaged (table {table} lacks "
+                    f"{', '.join(sorted(columns.keys() - have))}): {_RESTORE}"
+                )
         statuses = ", ".join(f"'{s}'" for s in Status)
-        bad = self.conn.execute(f"SELECT id, status FROM todos WHERE status NOT IN ({statuses})"
-                                " LIMIT 1").fetchone()
+        bad = self.conn.execute(
+            f"SELECT id, status FROM todos WHERE status NOT IN ({statuses}) LIMIT 1"
+        ).fetchone()
         if bad is not None:
-            raise StoreError(f"{self.path} is damaged (task {bad[0]!r} has status "
-                             f"{bad[1]!r}): {_RESTORE}")
+            raise StoreError(
+                f"{self.path} is damaged (task {bad[0]!r} has status {bad[1]!r}): {_RESTORE}"
+            )
         if version < SCHEMA_VERSION:
             if self.readonly:
-                raise StoreError(f"{self.path} has an older schema ({version}) and is "
-                                 "read-only: run `orch run` on it once where it is writable")
+                raise StoreError(
+                    f"{self.path} has an older schema ({version}) and is "
+                    "read-only: run `orch run` on it once where it is writable"
+                )
             self._create_schema()
         if create:  # the runs folder holds the logs: private like the store
             runs_dir(self.path).mkdir(mode=PRIVATE_DIR, exist_ok=True)
@@ -405,8 +478,10 @@ class Store:
         re-running a finished plan costs no write here."""
         now = time.time()
         current = {
-            r[0]: tuple(r[1:]) for r in self.conn.execute(
-                "SELECT id, position, title, priority, kind, needs, in_plan FROM todos")
+            r[0]: tuple(r[1:])
+            for r in self.conn.execute(
+                "SELECT id, position, title, priority, kind, needs, in_plan FROM todos"
+            )
         }
         with self._tx() as c:
             for s in specs:
@@ -415,8 +490,11 @@ class Store:
                 if row == (*fields, 1):
                     continue
                 if row is not None:
-                    c.execute("UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
-                              " in_plan=1 WHERE id=?", (*fields, s.id))
+                    c.execute(
+                        "UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
+                        " in_plan=1 WHERE id=?",
+                        (*fields, s.id),
+                    )
                     continue
                 c.execute(
                     "INSERT INTO todos(position, title, priority, kind, needs, id, status,"
@@ -439,8 +517,16 @@ class Store:
             cur = c.execute(
                 "INSERT INTO runs(plan_file, started_at, pid, pid_started_at, host, boot_id,"
                 " argv, log_dir) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                (plan_file, time.time(), who.pid, who.started_at, who.host, who.boot_id,
-                 mask(argv), str(log_dir)),
+                (
+                    plan_file,
+                    time.time(),
+                    who.pid,
+                    who.started_at,
+                    who.host,
+                    who.boot_id,
+                    mask(argv),
+                    str(log_dir),
+                ),
             )
             return int(cur.lastrowid or 0)
 
@@ -469,12 +555,18 @@ class Store:
         """
         now = time.time()
         with self._tx() as c:
-            ids = [r[0] for r in c.execute(
-                "SELECT id FROM todos WHERE status='in_progress' AND run_id=?", (run_id,))]
+            ids = [
+                r[0]
+                for r in c.execute(
+                    "SELECT id FROM todos WHERE status='in_progress' AND run_id=?", (run_id,)
+                )
+            ]
             for task_id in ids:
                 self._transition(c, task_id, Status.INTERRUPTED, why, run_id, now, ended_at=now)
-            c.execute("UPDATE runs SET ended_at=?, outcome=? WHERE id=? AND ended_at IS NULL",
-                      (now, outcome, run_id))
+            c.execute(
+                "UPDATE runs SET ended_at=?, outcome=? WHERE id=? AND ended_at IS NULL",
+                (now, outcome, run_id),
+            )
         return ids
 
     def interrupt_strays(self) -> list[str]:
@@ -487,9 +579,15 @@ class Store:
                 " WHERE t.status='in_progress' AND (r.ended_at IS NOT NULL OR r.id IS NULL)"
             ).fetchall()
             for task_id, run_id in rows:
-                self._transition(c, task_id, Status.INTERRUPTED,
-                                 f"left in progress by run #{run_id}, which has ended", run_id,
-                                 now, ended_at=now)
+                self._transition(
+                    c,
+                    task_id,
+                    Status.INTERRUPTED,
+                    f"left in progress by run #{run_id}, which has ended",
+                    run_id,
+                    now,
+                    ended_at=now,
+                )
         return [r[0] for r in rows]
 
     # --- transitions ---------------------------------------------------------------------------
@@ -517,14 +615,31 @@ class Store:
                 c.executemany(
                     "INSERT INTO findings(task_id, attempt, key, value, unit, note, at, run_id)"
                     " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                    [(task_id, attempt, f.key, mask_value(_encode(f.value)), f.unit,
-                      mask_value(f.note), now, run_id) for f in findings],
+                    [
+                        (
+                            task_id,
+                            attempt,
+                            f.key,
+                            mask_value(_encode(f.value)),
+                            f.unit,
+                            mask_value(f.note),
+                            now,
+                            run_id,
+                        )
+                        for f in findings
+                    ],
                 )
         return attempt
 
     def _transition(
-        self, c: sqlite3.Connection, task_id: str, to: Status, reason: str | None,
-        run_id: int | None, now: float, **fields: Any,
+        self,
+        c: sqlite3.Connection,
+        task_id: str,
+        to: Status,
+        reason: str | None,
+        run_id: int | None,
+        now: float,
+        **fields: Any,
     ) -> int:
         row = c.execute("SELECT status, attempts FROM todos WHERE id=?", (task_id,)).fetchone()
         if row is None:
@@ -533,8 +648,13 @@ class Store:
         if to not in ALLOWED[current]:
             raise StoreError(f"task {task_id!r}: {current} -> {to} is not a valid transition")
         attempt = int(row[1]) + (1 if to is Status.IN_PROGRESS else 0)
-        values = {"status": str(to), "reason": reason, "updated_at": now, "attempts": attempt,
-                  **fields}
+        values = {
+            "status": str(to),
+            "reason": reason,
+            "updated_at": now,
+            "attempts": attempt,
+            **fields,
+        }
         if run_id is not None:
             values["run_id"] = run_id
         assignments = ", ".join(f"{k}=?" for k in values)
@@ -555,9 +675,20 @@ class Store:
             for task_id in task_ids:
                 row = c.execute("SELECT status FROM todos WHERE id=?", (task_id,)).fetchone()
                 if row is not None and row[0] != Status.PENDING:
-                    self._transition(c, task_id, Status.PENDING, why, None, now,
-                                     last_error=None, output_tail=None, started_at=None,
-                                     ended_at=None, pgid=None, pgid_started_at=None)
+                    self._transition(
+                        c,
+                        task_id,
+                        Status.PENDING,
+                        why,
+                        None,
+                        now,
+                        last_error=None,
+                        output_tail=None,
+                        started_at=None,
+                        ended_at=None,
+                        pgid=None,
+                        pgid_started_at=None,
+                    )
                     done.append(task_id)
         return done
 
@@ -575,9 +706,11 @@ class Store:
         """Record that `task_id` holds `name` now (committed at once: a crash a moment later
         must still leave the next run able to end it). Holding a name again replaces it."""
         with self._tx() as c:
-            c.execute("INSERT OR REPLACE INTO resources(name, task_id, kind, data, run_id,"
-                      " held_at) VALUES (?, ?, ?, ?, ?, ?)",
-                      (name, task_id, kind, json.dumps(data), run_id, time.time()))
+            c.execute(
+                "INSERT OR REPLACE INTO resources(name, task_id, kind, data, run_id,"
+                " held_at) VALUES (?, ?, ?, ?, ?, ?)",
+                (name, task_id, kind, json.dumps(data), run_id, time.time()),
+            )
 
     def held(self, name: str | None = None) -> list[sqlite3.Row]:
         """Resources not released (all, or the one called `name`)."""
@@ -589,8 +722,10 @@ class Store:
     def release(self, name: str, by_task: str | None, how: str) -> None:
         """Mark `name` released: by a task (`by_task`), or by the engine (None)."""
         with self._tx() as c:
-            c.execute("UPDATE resources SET released_at=?, released_by=?, how=? WHERE name=?",
-                      (time.time(), by_task, how, name))
+            c.execute(
+                "UPDATE resources SET released_at=?, released_by=?, how=? WHERE name=?",
+                (time.time(), by_task, how, name),
+            )
 
     def resources(self) -> list[sqlite3.Row]:
         """Every resource, held or let go (one row per name: its latest holder): `name`,
@@ -598,18 +733,19 @@ class Store:
         task, None where the engine ended it) and `how`."""
         return self.conn.execute(
             "SELECT name, task_id, kind, run_id, held_at, released_at, released_by, how"
-            " FROM resources ORDER BY held_at").fetchall()
+            " FROM resources ORDER BY held_at"
+        ).fetchall()
 
     # --- reads ---------------------------------------------------------------------------------
 
     def todos(self) -> list[sqlite3.Row]:
         """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown)."""
-        return self.conn.execute(
-            "SELECT * FROM todos WHERE in_plan=1 ORDER BY position").fetchall()
+        return self.conn.execute("SELECT * FROM todos WHERE in_plan=1 ORDER BY position").fetchall()
 
     def todo(self, task_id: str) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(
-            "SELECT * FROM todos WHERE id=?", (task_id,)).fetchone()
+            "SELECT * FROM todos WHERE id=?", (task_id,)
+        ).fetchone()
         return row
 
     def findings(self) -> dict[str, list[Finding]]:
@@ -634,9 +770,7 @@ class Store:
         return None if r is None else Finding(r[0], _decode(r[1]), r[2], r[3])
 
     def runs(self, limit: int = 20) -> list[sqlite3.Row]:
-        return self.conn.execute(
-            "SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
+        return self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
 
     def transitions(self, task_id: str | None = None, limit: int = 200) -> list[sqlite3.Row]:
         where, args = ("WHERE task_id=?", (task_id,)) if task_id else ("", ())

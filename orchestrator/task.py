@@ -36,8 +36,9 @@ def as_list(value: object) -> object:
 def _argv_items(value: object) -> object:
     """`[--max-model-len, 512]`: YAML makes 512 an int; an argv item is its text."""
     if isinstance(value, list):
-        return [str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
-                for v in value]
+        return [
+            str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v for v in value
+        ]
     return value
 
 
@@ -48,8 +49,10 @@ Argv = Annotated[list[str], BeforeValidator(_argv_items)]
 def _command_shape(value: object) -> object:
     """One clear error for `command: true` instead of one per member of the union."""
     if not isinstance(value, str | list):
-        raise ValueError(f"a command is a string (run by bash) or an argv list, not "
-                         f"{type(value).__name__} {value!r}: quote it")
+        raise ValueError(
+            f"a command is a string (run by bash) or an argv list, not "
+            f"{type(value).__name__} {value!r}: quote it"
+        )
     return value
 
 
@@ -155,8 +158,11 @@ class Context:
                 last_words = line
         if result.returncode not in success_codes:
             # The process's own last words say most at 2 a.m.; the command line is in the log.
-            raise TaskError(f"{result.describe()}: {last_words[:300]}" if last_words else
-                            f"{result.describe()} from {shlex.join(argv)[:200]}")
+            raise TaskError(
+                f"{result.describe()}: {last_words[:300]}"
+                if last_words
+                else f"{result.describe()} from {shlex.join(argv)[:200]}"
+            )
         return result
 
 
@@ -222,4 +228,3 @@ class Precondition(Generic[P]):
 
     def check(self) -> CheckResult:
         raise NotImplementedError
-

@@ -131,7 +131,8 @@ def inert_word(ref: Ref, value: Any) -> str:
         f"${{{ref}}} = {shown} cannot reach a shell: a value spliced into a shell command "
         f"or put in its env must be one plain word of letters, digits and "
         f"_@%+:,./- (at most {INERT_MAX} characters); pass it as an argv item "
-        f"(`command: [prog, '${{{ref}}}']`), where no shell reads it")
+        f"(`command: [prog, '${{{ref}}}']`), where no shell reads it"
+    )
 
 
 def _format(value: Any) -> str:
@@ -174,8 +175,20 @@ def compile_when(expr: str) -> tuple[ast.Expression, list[Ref]]:
         raise ValueError(f"`when` is not a valid condition: {expr!r}") from None
     for node in ast.walk(tree):
         allowed = (
-            ast.Expression, ast.Constant, ast.Name, ast.Load, ast.Compare, ast.BoolOp,
-            ast.And, ast.Or, ast.UnaryOp, ast.Not, ast.USub, ast.List, ast.Tuple, *_COMPARE,
+            ast.Expression,
+            ast.Constant,
+            ast.Name,
+            ast.Load,
+            ast.Compare,
+            ast.BoolOp,
+            ast.And,
+            ast.Or,
+            ast.UnaryOp,
+            ast.Not,
+            ast.USub,
+            ast.List,
+            ast.Tuple,
+            *_COMPARE,
         )
         if not isinstance(node, allowed):
             raise ValueError(

@@ -58,8 +58,16 @@ def load_yaml(path: Path) -> Located:
     except UnicodeDecodeError:
         raise PlanError([PlanIssue(file, None, "the plan is not UTF-8 text")]) from None
     if len(raw) > MAX_PLAN_BYTES:
-        raise PlanError([PlanIssue(file, None, f"the plan is larger than {MAX_PLAN_BYTES >> 20} MiB"
-                                   "; a plan is hand-written text, put data in files it names")])
+        raise PlanError(
+            [
+                PlanIssue(
+                    file,
+                    None,
+                    f"the plan is larger than {MAX_PLAN_BYTES >> 20} MiB"
+                    "; a plan is hand-written text, put data in files it names",
+                )
+            ]
+        )
     try:
         check_bounds(text, file)
         node = yaml.compose(text, Loader=_Loader)
@@ -80,8 +88,15 @@ def load_yaml(path: Path) -> Located:
         raise PlanError([PlanIssue(file, exc.line, f"duplicate key {exc.key!r}")]) from None
     except yaml.MarkedYAMLError as exc:  # an unknown tag, `!!int abc`
         mark = exc.problem_mark or exc.context_mark
-        raise PlanError([PlanIssue(file, mark.line + 1 if mark else None,
-                                   f"YAML error: {exc.problem or exc.context}")]) from None
+        raise PlanError(
+            [
+                PlanIssue(
+                    file,
+                    mark.line + 1 if mark else None,
+                    f"YAML error: {exc.problem or exc.context}",
+                )
+            ]
+        ) from None
     except (TypeError, ValueError, RecursionError) as exc:  # `? [a, b]`, a self-referring alias
         raise PlanError([PlanIssue(file, None, f"unsupported YAML: {exc}")]) from None
     return located
@@ -106,11 +121,17 @@ def check_bounds(text: str, file: str) -> None:
         nonlocal total
         total += values
         if total > MAX_VALUES:
-            raise fail(event, f"the plan has more than {MAX_VALUES:,} values (an alias counts "
-                       "as all it stands for): is it an alias bomb?")
+            raise fail(
+                event,
+                f"the plan has more than {MAX_VALUES:,} values (an alias counts "
+                "as all it stands for): is it an alias bomb?",
+            )
         if len(stack) + levels > MAX_DEPTH:
-            raise fail(event, f"nested more than {MAX_DEPTH} levels deep"
-                       + (" (aliases expanded)" if alias else ""))
+            raise fail(
+                event,
+                f"nested more than {MAX_DEPTH} levels deep"
+                + (" (aliases expanded)" if alias else ""),
+            )
 
     def close(values: int, levels: int) -> None:
         if stack:
@@ -128,8 +149,11 @@ def check_bounds(text: str, file: str) -> None:
             close(values, levels)
         elif isinstance(event, yaml.ScalarEvent):
             if len(event.value) > MAX_SCALAR_CHARS:
-                raise fail(event, f"a value of {len(event.value):,} characters; the limit is "
-                           f"{MAX_SCALAR_CHARS:,} (put long text in a file)")
+                raise fail(
+                    event,
+                    f"a value of {len(event.value):,} characters; the limit is "
+                    f"{MAX_SCALAR_CHARS:,} (put long text in a file)",
+                )
             count(event, 1, 0)
             if event.anchor is not None:
                 anchors[event.anchor] = (1, 0)

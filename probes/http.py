@@ -17,6 +17,7 @@ from typing import Any
 class Unreachable(Exception):
     """The request got no usable answer; the text says why."""
 
+
 def request(url: str, body: Mapping[str, Any] | None = None, timeout: float = 5.0) -> bytes:
     """GET `url` (or POST `body` as JSON); the body of a 2xx answer, else Unreachable."""
     data = None if body is None else json.dumps(body).encode()
@@ -33,8 +34,9 @@ def request(url: str, body: Mapping[str, Any] | None = None, timeout: float = 5.
         text = getattr(reason, "strerror", None) or str(reason)
         raise Unreachable(text.lower() if isinstance(text, str) else str(text)) from None
     except (TimeoutError, ConnectionError, OSError) as exc:
-        raise Unreachable(f"{type(exc).__name__}: {exc}" if str(exc) else
-                          f"no answer within {timeout:g}s") from None
+        raise Unreachable(
+            f"{type(exc).__name__}: {exc}" if str(exc) else f"no answer within {timeout:g}s"
+        ) from None
 
 
 def request_json(url: str, body: Mapping[str, Any] | None = None, timeout: float = 5.0) -> Any:

@@ -119,8 +119,12 @@ class Nvml:
         n = self._n
         if index not in self._static:
             handle = n.nvmlDeviceGetHandleByIndex(index)
-            self._static[index] = (handle, _text(n.nvmlDeviceGetUUID(handle)),
-                                   _text(n.nvmlDeviceGetName(handle)), self._mig_enabled(handle))
+            self._static[index] = (
+                handle,
+                _text(n.nvmlDeviceGetUUID(handle)),
+                _text(n.nvmlDeviceGetName(handle)),
+                self._mig_enabled(handle),
+            )
         handle, uuid, name, mig = self._static[index]
         used, total = self._memory(handle)
         procs: tuple[GpuProcess, ...] = ()
@@ -193,8 +197,9 @@ def open_nvml() -> Nvml | NvmlUnavailable:
             warnings.simplefilter("ignore", FutureWarning)
             import pynvml  # type: ignore[import-untyped]
     except ImportError:
-        return NvmlUnavailable("the nvidia-ml-py package is not installed "
-                               "(pip install nvidia-ml-py)")
+        return NvmlUnavailable(
+            "the nvidia-ml-py package is not installed (pip install nvidia-ml-py)"
+        )
     try:
         pynvml.nvmlInit()
     except pynvml.NVMLError as exc:
@@ -255,7 +260,7 @@ def _init_failure(n: Any, exc: Exception) -> str:
         "NVMLError_DriverNotLoaded": "the NVIDIA kernel driver is not loaded",
         "NVMLError_NoPermission": "no permission to open the NVIDIA driver",
         "NVMLError_LibRmVersionMismatch": "the NVIDIA driver and its library differ in version "
-                                          "(reboot or reload the driver)",
+        "(reboot or reload the driver)",
     }
     return known.get(type(exc).__name__, f"nvmlInit failed: {_error_text(exc)}")
 

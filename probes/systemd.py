@@ -26,14 +26,37 @@ from dataclasses import dataclass
 from pathlib import Path
 
 # systemd.unit(5); systemctl appends .service to a name without one of these suffixes.
-UNIT_TYPES = ("service", "socket", "device", "mount", "automount", "swap", "target", "path",
-              "timer", "slice", "scope")
+UNIT_TYPES = (
+    "service",
+    "socket",
+    "device",
+    "mount",
+    "automount",
+    "swap",
+    "target",
+    "path",
+    "timer",
+    "slice",
+    "scope",
+)
 UNIT_NAME_MAX = 255
 _UNIT_CHAR = re.compile(r"[A-Za-z0-9:_.\\@-]")
 
-PROPERTIES = ("Id", "LoadState", "ActiveState", "SubState", "MainPID", "Result", "KillMode",
-              "ControlGroup", "Job", "TimeoutStartUSec", "TimeoutStopUSec", "ExecMainCode",
-              "ExecMainStatus")
+PROPERTIES = (
+    "Id",
+    "LoadState",
+    "ActiveState",
+    "SubState",
+    "MainPID",
+    "Result",
+    "KillMode",
+    "ControlGroup",
+    "Job",
+    "TimeoutStartUSec",
+    "TimeoutStopUSec",
+    "ExecMainCode",
+    "ExecMainStatus",
+)
 STOPPED = ("inactive", "failed")
 CHANGING = ("activating", "deactivating", "reloading", "refreshing")
 CGROUP_ROOTS = (Path("/sys/fs/cgroup/unified"), Path("/sys/fs/cgroup/systemd"))
@@ -52,8 +75,10 @@ def unit_name(name: str) -> str:
     bad = sorted({c for c in name if not _UNIT_CHAR.fullmatch(c)})
     if bad:
         shown = ", ".join(repr(c) for c in bad)
-        raise ValueError(f"unit name {name!r} has characters systemd does not allow ({shown}); "
-                         "allowed are letters, digits and : _ . - \\ @")
+        raise ValueError(
+            f"unit name {name!r} has characters systemd does not allow ({shown}); "
+            "allowed are letters, digits and : _ . - \\ @"
+        )
     if name.rpartition(".")[2] not in UNIT_TYPES or "." not in name:
         name += ".service"
     prefix, _, suffix = name.rpartition(".")
@@ -64,8 +89,7 @@ def unit_name(name: str) -> str:
     if prefix.count("@") > 1:
         raise ValueError(f"unit name {name!r} has more than one '@'")
     if prefix.endswith("@"):
-        raise ValueError(f"{name!r} is a template: name an instance, e.g. "
-                         f"{prefix}NAME.{suffix}")
+        raise ValueError(f"{name!r} is a template: name an instance, e.g. {prefix}NAME.{suffix}")
     return name
 
 
@@ -179,8 +203,12 @@ def systemd_unavailable() -> str | None:
 def systemctl(args: list[str], timeout: float = SHOW_TIMEOUT) -> subprocess.CompletedProcess[str]:
     """`systemctl ARGS` as an argv list, output captured, never paged or coloured."""
     return subprocess.run(
-        ["systemctl", "--no-pager", *args], capture_output=True, text=True, timeout=timeout,
-        stdin=subprocess.DEVNULL, env={**os.environ, "SYSTEMD_COLORS": "0", "LC_ALL": "C"},
+        ["systemctl", "--no-pager", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+        env={**os.environ, "SYSTEMD_COLORS": "0", "LC_ALL": "C"},
     )
 
 
@@ -196,13 +224,17 @@ def read_unit(name: str, timeout: float = SHOW_TIMEOUT) -> UnitProbe:
         return SystemdUnavailable(name, f"cannot run systemctl: {exc}")
     if proc.returncode != 0:
         said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
-        return SystemdUnavailable(name, f"systemctl show failed: {said[-1] if said else ''}"
-                                        f" (exit {proc.returncode})")
+        return SystemdUnavailable(
+            name, f"systemctl show failed: {said[-1] if said else ''} (exit {proc.returncode})"
+        )
     props = parse_show(proc.stdout)
     # `show` succeeds for any name; a unit only systemd's memory holds (file deleted while it
     # runs, a transient unit) is not-found but still active: that one exists.
-    if (props.get("LoadState") == "not-found" and props.get("ActiveState") == "inactive"
-            and not props.get("Job")):
+    if (
+        props.get("LoadState") == "not-found"
+        and props.get("ActiveState") == "inactive"
+        and not props.get("Job")
+    ):
         return UnitNotFound(name)
     return _unit_state(name, props)
 
@@ -217,8 +249,17 @@ def parse_show(text: str) -> dict[str, str]:
     return props
 
 
-_SPAN_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0,
-               "w": 604800.0, "M": 2629800.0, "y": 31557600.0}
+_SPAN_UNITS = {
+    "us": 1e-6,
+    "ms": 1e-3,
+    "s": 1.0,
+    "min": 60.0,
+    "h": 3600.0,
+    "d": 86400.0,
+    "w": 604800.0,
+    "M": 2629800.0,
+    "y": 31557600.0,
+}
 _SPAN_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(us|ms|s|min|h|d|w|M|y)")
 
 
@@ -270,8 +311,15 @@ def cgroup_processes(cgroup: str) -> tuple[UnitProcess, ...] | None:
     if not cgroup:
         return ()
     roots = [Path("/sys/fs/cgroup"), *CGROUP_ROOTS]
-    root = next((r for r in roots if (r / "cgroup.procs").is_file()
-                 and (r is not roots[0] or (r / "cgroup.controllers").is_file())), None)
+    root = next(
+        (
+            r
+            for r in roots
+            if (r / "cgroup.procs").is_file()
+            and (r is not roots[0] or (r / "cgroup.controllers").is_file())
+        ),
+        None,
+    )
     if root is None:
         return None
     top = root / cgroup.lstrip("/")

@@ -121,6 +121,7 @@ MEASURING_KEYS = frozenset({"requests", "warmup", "stability", "min_windows", "m
 
 # --- the math (serving-reference.md section 4 unless said otherwise) ---------------------------
 
+
 def tau_from_alpha(alpha: float, k: int) -> float:
     """Expected tokens per verify step, bonus included: (1 - a^(k+1)) / (1 - a) (section 4)."""
     # Summed as 1 + a + ... + a^k: the closed form cancels badly as a -> 1.
@@ -158,8 +159,10 @@ def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
     """tau from an engine's acceptance figure (section 0.1); below the floor is an error."""
     tau = _tau_of_rate(rate, k, definition)
     if tau < 1.0 - 1e-9:  # legacy figures start at 1/(k+1): zero drafts accepted
-        raise ValueError(f"{rate:g} is below the floor of {definition} for k={k}, "
-                         f"1/(k+1) = {1 / (k + 1):.3g}: check k and the definition")
+        raise ValueError(
+            f"{rate:g} is below the floor of {definition} for k={k}, "
+            f"1/(k+1) = {1 / (k + 1):.3g}: check k and the definition"
+        )
     return max(tau, 1.0)
 
 
@@ -170,6 +173,7 @@ def modelled_speedup(tau: float, k: int, draft_cost: float, verify_cost: float =
 
 
 # --- params --------------------------------------------------------------------------------------
+
 
 def _ordered(pair: tuple[float, float]) -> tuple[float, float]:
     if pair[0] > pair[1]:
@@ -209,16 +213,19 @@ class Level(BaseModel):
 
     concurrency: int = Field(ge=1, description="requested: the client's max concurrency")
     achieved_concurrency: float | None = Field(
-        None, gt=0, description="measured requests in flight (v2: median over the windows)")
-    output_tok_s: float = Field(gt=0, description="output tokens per second, all requests "
-                                                  "(v2: median over the windows)")
+        None, gt=0, description="measured requests in flight (v2: median over the windows)"
+    )
+    output_tok_s: float = Field(
+        gt=0, description="output tokens per second, all requests (v2: median over the windows)"
+    )
     tpot_ms: float | None = Field(None, gt=0)
     ttft_ms: float | None = Field(None, gt=0)
     # v2: the measurement windows behind the medians.
     windows: int | None = Field(None, ge=1, description="measurement windows kept")
     stable: bool | None = Field(None, description="the last windows agreed within the threshold")
     spread: float | None = Field(
-        None, ge=0, description="max relative deviation of the kept windows' output_tok_s")
+        None, ge=0, description="max relative deviation of the kept windows' output_tok_s"
+    )
     interval: Interval | None = None
     per_window: list[Window] | None = None
     rejected: list[str] | None = Field(None, description="windows thrown away, with the reason")
@@ -237,7 +244,8 @@ class Level(BaseModel):
     e2e: dict[str, float] | None = None
     spec: dict[str, Any] | None = None
     spec_unused: dict[str, Any] | None = Field(
-        None, description="the engine's counters over windows measured but not used")
+        None, description="the engine's counters over windows measured but not used"
+    )
 
 
 class Server(BaseModel):
@@ -246,9 +254,11 @@ class Server(BaseModel):
     engine: Literal["sglang", "vllm"] | None = None
     version: str | None = None
     max_running_requests: int | None = Field(
-        None, ge=1, description="as the server resolved it (SGLang: /server_info, startup log)")
+        None, ge=1, description="as the server resolved it (SGLang: /server_info, startup log)"
+    )
     settings: dict[str, Any] = Field(
-        default_factory=dict, description="free-form: what else the server resolved")
+        default_factory=dict, description="free-form: what else the server resolved"
+    )
 
 
 class Provenance(BaseModel):
@@ -277,14 +287,20 @@ class Spec(BaseModel):
     algorithm: str | None = None
     drafter: str | None = None
     draft_tokens: int | None = Field(
-        None, ge=1, description="k: drafts proposed per verify step (SGLang speculative_num_steps"
-                                " with topk 1, vLLM num_speculative_tokens)")
+        None,
+        ge=1,
+        description="k: drafts proposed per verify step (SGLang speculative_num_steps"
+        " with topk 1, vLLM num_speculative_tokens)",
+    )
     num_draft_tokens: int | None = Field(
-        None, ge=2, description="SGLang --speculative-num-draft-tokens (chain drafting: k + 1)")
+        None, ge=2, description="SGLang --speculative-num-draft-tokens (chain drafting: k + 1)"
+    )
     accept_length: float | None = Field(
-        None, description="tau: tokens per verify step, bonus token included")
+        None, description="tau: tokens per verify step, bonus token included"
+    )
     acceptance: Annotated[float | None, BeforeValidator(_fraction)] = Field(
-        None, description="the engine's own acceptance figure: 0.42 or '42%'")
+        None, description="the engine's own acceptance figure: 0.42 or '42%'"
+    )
     acceptance_definition: Definition | None = None
     # The counts bench.serve derived them from (vLLM /metrics deltas, SGLang meta_info).
     alpha: float | None = None
@@ -298,11 +314,15 @@ class Spec(BaseModel):
     def _consistent(self) -> Spec:
         k, n = self.draft_tokens, self.num_draft_tokens
         if k is not None and n is not None and n != k + 1:
-            raise ValueError(f"num_draft_tokens {n} is not draft_tokens + 1 = {k + 1}: tree "
-                             "drafting (topk > 1) is not what section 4's formulas model")
+            raise ValueError(
+                f"num_draft_tokens {n} is not draft_tokens + 1 = {k + 1}: tree "
+                "drafting (topk > 1) is not what section 4's formulas model"
+            )
         if (self.accept_length is not None or self.acceptance is not None) and self.k is None:
-            raise ValueError("an acceptance figure needs draft_tokens (k) or num_draft_tokens: "
-                             "tau and rates mean nothing without k")
+            raise ValueError(
+                "an acceptance figure needs draft_tokens (k) or num_draft_tokens: "
+                "tau and rates mean nothing without k"
+            )
         return self
 
     @property
@@ -331,13 +351,13 @@ class Result(BaseModel):
         if len(seen) != len(set(seen)):
             raise ValueError(f"two levels with the same concurrency: {seen}")
         spec = self.spec
-        if spec is not None and spec.acceptance is not None \
-                and spec.acceptance_definition is None:
+        if spec is not None and spec.acceptance is not None and spec.acceptance_definition is None:
             if self.server.engine != "vllm":  # SGLang's figure changed meaning (PR #23530)
                 raise ValueError(
                     "spec.acceptance_definition is needed for this figure: 'strict' "
                     f"({DEFINITIONS['strict']}; vLLM, SGLang since PR #23530) or "
-                    f"'sglang_legacy' ({DEFINITIONS['sglang_legacy']})")
+                    f"'sglang_legacy' ({DEFINITIONS['sglang_legacy']})"
+                )
             spec.acceptance_definition = "strict"
         return self
 
@@ -351,8 +371,9 @@ def _result_or_path(value: Any) -> Any:
     if isinstance(value, str | Result):
         return value
     if not isinstance(value, dict):
-        raise ValueError("give a benchmark result (a mapping with `levels`) or the path of its "
-                         "JSON file")
+        raise ValueError(
+            "give a benchmark result (a mapping with `levels`) or the path of its JSON file"
+        )
     return Result.model_validate(value)
 
 
@@ -366,17 +387,24 @@ class CompareParams(BaseModel):
     baseline: ResultRef
     candidates: dict[Name, ResultRef] = Field(min_length=1)
     noise: float = Field(
-        0.03, ge=0, lt=1,
+        0.03,
+        ge=0,
+        lt=1,
         description="margin beyond the measured intervals: a level is a win only when the "
-                    "speed-up's interval lies above 1 + noise, a loss only below 1 - noise; "
-                    "for results measured once it is the only guard against run-to-run noise")
+        "speed-up's interval lies above 1 + noise, a loss only below 1 - noise; "
+        "for results measured once it is the only guard against run-to-run noise",
+    )
     match_tolerance: float = Field(
-        0.1, ge=0, lt=1, description="levels match when achieved concurrencies differ less")
+        0.1, ge=0, lt=1, description="levels match when achieved concurrencies differ less"
+    )
     max_draft_cost: float = Field(
-        0.0, ge=0, description="the draft/target cost ratio a draft step may have: a "
-                               "speculative step costing more than k+1 + k * this many decode "
-                               "steps is flagged; 0 takes drafts as free, 1 allows a draft "
-                               "model as large as the target")
+        0.0,
+        ge=0,
+        description="the draft/target cost ratio a draft step may have: a "
+        "speculative step costing more than k+1 + k * this many decode "
+        "steps is flagged; 0 takes drafts as free, 1 allows a draft "
+        "model as large as the target",
+    )
 
 
 def load_result(source: Result | str, what: str) -> Result:
@@ -395,8 +423,7 @@ def load_result(source: Result | str, what: str) -> Result:
     if (schema := data.get("schema", SCHEMA)) not in SCHEMAS:
         raise TaskError(f"{what}: {path} is {schema!r}; this orch reads {' and '.join(SCHEMAS)}")
     try:
-        result = Result.model_validate(
-            {k: v for k, v in data.items() if k in Result.model_fields})
+        result = Result.model_validate({k: v for k, v in data.items() if k in Result.model_fields})
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
         raise TaskError(f"{what}: {path}: {problems}") from None
@@ -405,6 +432,7 @@ def load_result(source: Result | str, what: str) -> Result:
 
 
 # --- formatting ----------------------------------------------------------------------------------
+
 
 def fx(ratio: float) -> str:
     """1.4x, 0.36x, 1.0x."""
@@ -534,8 +562,11 @@ class Match:
 def _match(cand: list[Point], base: list[Point], tolerance: float) -> list[Match]:
     out = []
     for c in cand:
-        near = [b for b in base if abs(b.concurrency - c.concurrency)
-                <= tolerance * max(b.concurrency, c.concurrency)]
+        near = [
+            b
+            for b in base
+            if abs(b.concurrency - c.concurrency) <= tolerance * max(b.concurrency, c.concurrency)
+        ]
         if near:
             out.append(Match(c, min(near, key=lambda b: abs(b.concurrency - c.concurrency))))
     return out
@@ -574,8 +605,9 @@ def acceptance(spec: Spec | None, engine: str | None) -> Acceptance | None:
         acc.alpha = alpha_from_tau(min(max(tau, 1.0), k + 1.0), k)
     acc.problems = _acceptance_problems(spec, k)
     if rate is not None and definition is not None and reported_tau is not None:
-        acc.notes = _reported_notes(rate, definition, reported_tau, acc, engine,
-                                    spec.accept_length is not None)
+        acc.notes = _reported_notes(
+            rate, definition, reported_tau, acc, engine, spec.accept_length is not None
+        )
     return acc
 
 
@@ -587,24 +619,39 @@ def _acceptance_problems(spec: Spec, k: int) -> list[str]:
     if rate is not None and definition is not None:
         floor = rate_floor(k, definition)
         if not floor - 1e-9 <= rate <= 1 + 1e-9:
-            hint = (" (a percentage is written 0.42 or '42%')" if rate > 1
-                    else ": check k and the definition")
-            out.append(f"acceptance {rate:.1%} is outside [{floor:.1%}, 100%], the range of the "
-                       f"{definition} definition with k={k}{hint}")
+            hint = (
+                " (a percentage is written 0.42 or '42%')"
+                if rate > 1
+                else ": check k and the definition"
+            )
+            out.append(
+                f"acceptance {rate:.1%} is outside [{floor:.1%}, 100%], the range of the "
+                f"{definition} definition with k={k}{hint}"
+            )
     return out
 
 
-def _reported_notes(rate: float, definition: Definition, reported_tau: float, acc: Acceptance,
-                    engine: str | None, has_tau: bool) -> list[str]:
+def _reported_notes(
+    rate: float,
+    definition: Definition,
+    reported_tau: float,
+    acc: Acceptance,
+    engine: str | None,
+    has_tau: bool,
+) -> list[str]:
     who = {"sglang": "SGLang", "vllm": "vLLM"}.get(engine or "", "the engine")
-    notes = [f"{who} reported {rate:.0%} on the {definition} definition "
-             f"({DEFINITIONS[definition]}), i.e. tau = {reported_tau:.2f} and "
-             f"{strict_rate(reported_tau, acc.k):.1%} accepted/proposed"]
+    notes = [
+        f"{who} reported {rate:.0%} on the {definition} definition "
+        f"({DEFINITIONS[definition]}), i.e. tau = {reported_tau:.2f} and "
+        f"{strict_rate(reported_tau, acc.k):.1%} accepted/proposed"
+    ]
     if acc.in_range(reported_tau) and reported_tau <= 1.05:  # legacy at 1/(k+1) is tau = 1
         notes.append("at or near that definition's floor: (almost) no draft accepted")
     if has_tau and abs(reported_tau - acc.tau) > max(0.1, 0.05 * acc.tau):
-        notes.append(f"INCONSISTENT with accept length {acc.tau:.2f}: check k "
-                     "(drafts per step, not num_draft_tokens) and the definition")
+        notes.append(
+            f"INCONSISTENT with accept length {acc.tau:.2f}: check k "
+            "(drafts per step, not num_draft_tokens) and the definition"
+        )
     return notes
 
 
@@ -628,18 +675,24 @@ class BreakEven:
             f"(k={acc.k} drafts + verify + overhead) to win at concurrency 1",
             f"with verify = one decode step (v=1) the draft/target cost ratio must stay below "
             f"(tau-1)/k = {self.max_draft_cost:.2f}; ceiling with free drafts: {fx(self.ceiling)}",
-            "modelled speed-up tau/(k * ratio + 1): " + ", ".join(
+            "modelled speed-up tau/(k * ratio + 1): "
+            + ", ".join(
                 f"{fx(s)} at {'a draft/target cost ratio of ' if i == 0 else ''}{r:g}"
-                for i, (r, s) in enumerate(self.modelled.items())),
+                for i, (r, s) in enumerate(self.modelled.items())
+            ),
         ]
         if self.measured is not None:
             cost = acc.tau / self.measured
-            lines.append(f"measured {fx(self.measured)} at concurrency 1: a speculative step "
-                         f"costs tau/S = {cost:.2f} decode steps, i.e. a draft/target cost ratio "
-                         f"of ~{(cost - 1) / acc.k:.2f} (v=1)")
-        lines.append(f"at higher load verifying B*(k+1) tokens turns compute-bound, "
-                     f"v_B -> k+1 = {acc.k + 1}, so the break-even tau rises with batch size "
-                     "and speculation loses where it exceeds the measured tau")
+            lines.append(
+                f"measured {fx(self.measured)} at concurrency 1: a speculative step "
+                f"costs tau/S = {cost:.2f} decode steps, i.e. a draft/target cost ratio "
+                f"of ~{(cost - 1) / acc.k:.2f} (v=1)"
+            )
+        lines.append(
+            f"at higher load verifying B*(k+1) tokens turns compute-bound, "
+            f"v_B -> k+1 = {acc.k + 1}, so the break-even tau rises with batch size "
+            "and speculation loses where it exceeds the measured tau"
+        )
         return "; ".join(lines)
 
 
@@ -690,8 +743,9 @@ class Verdict:
     def peak(self) -> Match | None:
         """The candidate's level with as many in flight as the baseline's peak, if it ran one."""
         at_peak = [m for m in self.matches if m.base is self.base_peak]
-        return min(at_peak, key=lambda m: abs(m.cand.concurrency - m.base.concurrency),
-                   default=None)
+        return min(
+            at_peak, key=lambda m: abs(m.cand.concurrency - m.base.concurrency), default=None
+        )
 
     def step_limit(self, acc: Acceptance) -> float:
         """The most decode steps a speculative step can cost: a compute-bound verify of k+1
@@ -701,8 +755,10 @@ class Verdict:
     def step_limit_text(self, acc: Acceptance) -> str:
         if not self.max_draft_cost:
             return f"k+1 = {acc.k + 1}"
-        return (f"k+1 + k * max_draft_cost = {self.step_limit(acc):.3g} (drafts at "
-                f"{self.max_draft_cost:g} target steps each)")
+        return (
+            f"k+1 + k * max_draft_cost = {self.step_limit(acc):.3g} (drafts at "
+            f"{self.max_draft_cost:g} target steps each)"
+        )
 
     def name_of(self, p: Point) -> str:
         """'8', or '64 with 33 in flight' where the server ran another number than asked."""
@@ -727,8 +783,9 @@ def level_tau(level: Level, acc: Acceptance) -> float:
     return acc.tau
 
 
-def _cap(result: Result, pts: list[Point], base: Result, tolerance: float,
-         base_pts: list[Point]) -> str | None:
+def _cap(
+    result: Result, pts: list[Point], base: Result, tolerance: float, base_pts: list[Point]
+) -> str | None:
     """Why the candidate's achieved concurrency fell short of the requested (the 48 case): the
     server's cap, or a shortfall of unknown cause (no cap recorded). Below a recorded cap it is
     not the cap (see _shortfall)."""
@@ -741,17 +798,23 @@ def _cap(result: Result, pts: list[Point], base: Result, tolerance: float,
     ran = f"{fc(p.concurrency)} in flight{' (inferred)' if p.inferred else ''}"
     if over:
         base_mrr = base.server.max_running_requests
-        text = (f"capped by the server: max_running_requests={mrr}"
-                + (f" (baseline: {base_mrr})" if base_mrr is not None else "")
-                + f"; concurrency {p.level.concurrency} requested, {ran}")
+        text = (
+            f"capped by the server: max_running_requests={mrr}"
+            + (f" (baseline: {base_mrr})" if base_mrr is not None else "")
+            + f"; concurrency {p.level.concurrency} requested, {ran}"
+        )
         if result.server.engine == "sglang" and result.spec is not None:
-            text += ("; SGLang resets max_running_requests to 48 for speculative decoding "
-                     "unless --max-running-requests is set (serving-reference 1.2): re-run with "
-                     f"--max-running-requests {p.level.concurrency} and check "
-                     "--cuda-graph-max-bs before concluding (0.2)")
+            text += (
+                "; SGLang resets max_running_requests to 48 for speculative decoding "
+                "unless --max-running-requests is set (serving-reference 1.2): re-run with "
+                f"--max-running-requests {p.level.concurrency} and check "
+                "--cuda-graph-max-bs before concluding (0.2)"
+            )
     else:
-        text = (f"admission fell short: concurrency {p.level.concurrency} requested, {ran}; the "
-                "server's max_running_requests was not recorded, so the cause is unknown")
+        text = (
+            f"admission fell short: concurrency {p.level.concurrency} requested, {ran}; the "
+            "server's max_running_requests was not recorded, so the cause is unknown"
+        )
     return text + _per_request_bound(p, base_pts, tolerance)
 
 
@@ -762,13 +825,16 @@ def _short(pts: list[Point], tolerance: float) -> list[Point]:
 def _shortfall(result: Result, pts: list[Point], tolerance: float) -> list[str]:
     """Fewer in flight than requested although the server's cap allowed more."""
     mrr = result.server.max_running_requests
-    if mrr is None or not (short := [p for p in _short(pts, tolerance)
-                                     if p.level.concurrency <= mrr]):
+    if mrr is None or not (
+        short := [p for p in _short(pts, tolerance) if p.level.concurrency <= mrr]
+    ):
         return []
-    return ["fewer in flight than requested at concurrency "
-            + ", ".join(f"{p.level.concurrency} ({fc(p.concurrency)})" for p in short)
-            + f", under max_running_requests={mrr}: not the server's cap (a short level's "
-            "ramp-down, or the server's scheduling); levels are compared by what ran"]
+    return [
+        "fewer in flight than requested at concurrency "
+        + ", ".join(f"{p.level.concurrency} ({fc(p.concurrency)})" for p in short)
+        + f", under max_running_requests={mrr}: not the server's cap (a short level's "
+        "ramp-down, or the server's scheduling); levels are compared by what ran"
+    ]
 
 
 def _per_request_bound(p: Point, base_pts: list[Point], tolerance: float) -> str:
@@ -779,15 +845,20 @@ def _per_request_bound(p: Point, base_pts: list[Point], tolerance: float) -> str
     if not above:
         return ""
     b = min(above, key=lambda b: b.concurrency)
-    text = (f"; per request {p.per_request:.1f} tok/s with {fc(p.concurrency)} in flight vs "
-            f"{b.per_request:.1f} for the baseline with {fc(b.concurrency)} in flight")
+    text = (
+        f"; per request {p.per_request:.1f} tok/s with {fc(p.concurrency)} in flight vs "
+        f"{b.per_request:.1f} for the baseline with {fc(b.concurrency)} in flight"
+    )
     if b.concurrency <= p.concurrency * (1 + tolerance):
         return text
     if p.per_request < b.per_request:
-        return text + (f": with {fc(p.concurrency)} in flight the baseline would be at least "
-                       "that fast, so no sign of a speed-up at equal concurrency either")
-    return text + (f": measure the baseline with {fc(p.concurrency)} in flight or lift the cap "
-                   "to decide")
+        return text + (
+            f": with {fc(p.concurrency)} in flight the baseline would be at least "
+            "that fast, so no sign of a speed-up at equal concurrency either"
+        )
+    return text + (
+        f": measure the baseline with {fc(p.concurrency)} in flight or lift the cap to decide"
+    )
 
 
 def workload_differences(base: Result, cand: Result) -> list[str]:
@@ -797,16 +868,31 @@ def workload_differences(base: Result, cand: Result) -> list[str]:
     return [f"{k} {_value(b[k])} vs {_value(c[k])}" for k in keys if b[k] != c[k]]
 
 
-def compare(name: str, cand: Result, base: Result, noise: float = 0.03,
-            tolerance: float = 0.1, max_draft_cost: float = 0.0) -> Verdict:
+def compare(
+    name: str,
+    cand: Result,
+    base: Result,
+    noise: float = 0.03,
+    tolerance: float = 0.1,
+    max_draft_cost: float = 0.0,
+) -> Verdict:
     """Speed-ups level by level at equal achieved concurrency, with intervals; the cap;
     acceptance; physics checks; the verdict."""
     cpts, bpts = points(cand), points(base)
     differ = workload_differences(base, cand)
-    v = Verdict(name, cand, cpts, [] if differ else _match(cpts, bpts, tolerance), bpts,
-                _cap(cand, cpts, base, tolerance, bpts),
-                acceptance(cand.spec, cand.server.engine), differ, noise, tolerance,
-                max_draft_cost)
+    v = Verdict(
+        name,
+        cand,
+        cpts,
+        [] if differ else _match(cpts, bpts, tolerance),
+        bpts,
+        _cap(cand, cpts, base, tolerance, bpts),
+        acceptance(cand.spec, cand.server.engine),
+        differ,
+        noise,
+        tolerance,
+        max_draft_cost,
+    )
     v.break_even = _break_even(v, bpts)
     v.problems = measurement_problems(v, base)
     v.notes = _notes(v, base)
@@ -823,9 +909,15 @@ def _break_even(v: Verdict, bpts: list[Point]) -> BreakEven | None:
     if acc is None or acc.problems or base_c1 is None or acc.tau <= 1 + v.noise or v.differ:
         return None
     t_dec = 1000.0 / base_c1.tok_s  # section 4: 63.6 tok/s -> 15.7 ms
-    return BreakEven(base_c1.tok_s, t_dec, acc.tau * t_dec, acc.strict, acc.tau,
-                     {r: modelled_speedup(acc.tau, acc.k, r) for r in DRAFT_COSTS},
-                     None if v.c1 is None else v.c1.speedup)
+    return BreakEven(
+        base_c1.tok_s,
+        t_dec,
+        acc.tau * t_dec,
+        acc.strict,
+        acc.tau,
+        {r: modelled_speedup(acc.tau, acc.k, r) for r in DRAFT_COSTS},
+        None if v.c1 is None else v.c1.speedup,
+    )
 
 
 def measurement_problems(v: Verdict, base: Result) -> list[str]:
@@ -843,10 +935,15 @@ def measurement_problems(v: Verdict, base: Result) -> list[str]:
 def _interval_problems(who: str, result: Result) -> list[str]:
     out = []
     for lv in result.levels:
-        if lv.interval is not None and (iv := lv.interval.output_tok_s) is not None \
-                and not iv[0] * (1 - 1e-6) <= lv.output_tok_s <= iv[1] * (1 + 1e-6):
-            out.append(f"{who} at concurrency {lv.concurrency}: median {ft(lv.output_tok_s)} "
-                       f"tok/s outside its own interval {ft(iv[0])}-{ft(iv[1])}")
+        if (
+            lv.interval is not None
+            and (iv := lv.interval.output_tok_s) is not None
+            and not iv[0] * (1 - 1e-6) <= lv.output_tok_s <= iv[1] * (1 + 1e-6)
+        ):
+            out.append(
+                f"{who} at concurrency {lv.concurrency}: median {ft(lv.output_tok_s)} "
+                f"tok/s outside its own interval {ft(iv[0])}-{ft(iv[1])}"
+            )
     return out
 
 
@@ -855,8 +952,10 @@ def _level_tau_problems(v: Verdict, acc: Acceptance) -> list[str]:
     for p in v.points:
         raw = (p.level.spec or {}).get("accept_length")
         if isinstance(raw, int | float) and not isinstance(raw, bool) and not acc.in_range(raw):
-            out.append(f"accept length tau = {raw:.2f} at concurrency {p.level.concurrency} is "
-                       f"outside [1, k+1] = [1, {acc.k + 1}]")
+            out.append(
+                f"accept length tau = {raw:.2f} at concurrency {p.level.concurrency} is "
+                f"outside [1, k+1] = [1, {acc.k + 1}]"
+            )
     return out
 
 
@@ -871,14 +970,18 @@ def _step_problems(v: Verdict, acc: Acceptance) -> list[str]:
     slow = [m for m in ms if taus[id(m)] / m.bounds[1] > v.step_limit(acc) * (1 + v.noise)]
     out = []
     if fast:
-        out.append(f"speed-up {_span([m.speedup for m in fast])} at concurrency {_names(v, fast)}"
-                   f" exceeds tau = {_nums([taus[id(m)] for m in fast], '.2f')}, the ceiling "
-                   "even with free drafts")
+        out.append(
+            f"speed-up {_span([m.speedup for m in fast])} at concurrency {_names(v, fast)}"
+            f" exceeds tau = {_nums([taus[id(m)] for m in fast], '.2f')}, the ceiling "
+            "even with free drafts"
+        )
     if slow:
         costs = [taus[id(m)] / m.speedup for m in slow]
-        out.append(f"a speculative step at concurrency {_names(v, slow)} costs "
-                   f"{_nums(costs, '.1f')} decode steps (tau / speed-up), more than "
-                   f"{v.step_limit_text(acc)}")
+        out.append(
+            f"a speculative step at concurrency {_names(v, slow)} costs "
+            f"{_nums(costs, '.1f')} decode steps (tau / speed-up), more than "
+            f"{v.step_limit_text(acc)}"
+        )
     return out
 
 
@@ -893,15 +996,15 @@ def _nums(values: list[float], fmt: str) -> str:
 
 
 def _notes(v: Verdict, base: Result) -> list[str]:
-    notes = [n for n in v.acceptance.notes if n.startswith("INCONSISTENT")] \
-        if v.acceptance else []
-    if v.acceptance is not None and any(
-            v.step_limit_text(v.acceptance) in p for p in v.problems):
-        notes.append("a speculative step costing more than a compute-bound verify pass (k+1 "
-                     "decode steps) plus k drafts at max_draft_cost each means a draft step "
-                     "costs more than assumed, or a large per-step overhead, or runs that did "
-                     "not run the same load; a draft model about as large as the target costs "
-                     "~1 target step per draft: then set max_draft_cost: 1")
+    notes = [n for n in v.acceptance.notes if n.startswith("INCONSISTENT")] if v.acceptance else []
+    if v.acceptance is not None and any(v.step_limit_text(v.acceptance) in p for p in v.problems):
+        notes.append(
+            "a speculative step costing more than a compute-bound verify pass (k+1 "
+            "decode steps) plus k drafts at max_draft_cost each means a draft step "
+            "costs more than assumed, or a large per-step overhead, or runs that did "
+            "not run the same load; a draft model about as large as the target costs "
+            "~1 target step per draft: then set max_draft_cost: 1"
+        )
     return notes + _shortfall(v.result, v.points, v.tolerance) + _comparability(v.result, base)
 
 
@@ -909,25 +1012,36 @@ def _comparability(cand: Result, base: Result) -> list[str]:
     """What differs besides the workload (serving-reference 3.3: the clients' defaults)."""
     b, c = base.benchmark, cand.benchmark
     notes = []
-    measuring = [f"{k} {_value(b[k])} vs {_value(c[k])}"
-                 for k in sorted(b.keys() & c.keys() & MEASURING_KEYS) if b[k] != c[k]]
+    measuring = [
+        f"{k} {_value(b[k])} vs {_value(c[k])}"
+        for k in sorted(b.keys() & c.keys() & MEASURING_KEYS)
+        if b[k] != c[k]
+    ]
     if measuring:
-        notes.append("measured differently (baseline vs candidate: " + "; ".join(measuring)
-                     + "): same workload, other measurement lengths or stopping rules")
+        notes.append(
+            "measured differently (baseline vs candidate: "
+            + "; ".join(measuring)
+            + "): same workload, other measurement lengths or stopping rules"
+        )
     if "tool" in b and "tool" in c and b["tool"] != c["tool"]:
-        notes.append(f"different benchmark tools ({b['tool']} vs {c['tool']}): their defaults "
-                     "differ (serving-reference 3.3), only the settings both recorded agree")
+        notes.append(
+            f"different benchmark tools ({b['tool']} vs {c['tool']}): their defaults "
+            "differ (serving-reference 3.3), only the settings both recorded agree"
+        )
     if one_sided := sorted((b.keys() ^ c.keys()) - NAMING_KEYS - MEASURING_KEYS):
         notes.append("recorded for one result only, so not checked: " + ", ".join(one_sided))
     if base.server.engine and cand.server.engine and base.server.engine != cand.server.engine:
-        notes.append(f"engines differ ({base.server.engine} vs {cand.server.engine}): compare "
-                     "only with identical prompts, temperature and max tokens (bench_serving "
-                     "sends temperature 0, vllm bench serve the model's default; "
-                     "serving-reference 3.3)")
+        notes.append(
+            f"engines differ ({base.server.engine} vs {cand.server.engine}): compare "
+            "only with identical prompts, temperature and max tokens (bench_serving "
+            "sends temperature 0, vllm bench serve the model's default; "
+            "serving-reference 3.3)"
+        )
     return notes
 
 
 # --- the verdict line ----------------------------------------------------------------------------
+
 
 def _verdict_text(v: Verdict, base: Result) -> str:
     """What is there, level by level; problems first, then what qualifies it."""
@@ -944,8 +1058,11 @@ def _head(v: Verdict) -> str:
     if v.matches:
         return _levels_text(v)
     if v.points:
-        return ("not compared: no baseline level at equal concurrency (candidate: "
-                + ", ".join(f"concurrency {v.name_of(p)}" for p in v.points) + ")")
+        return (
+            "not compared: no baseline level at equal concurrency (candidate: "
+            + ", ".join(f"concurrency {v.name_of(p)}" for p in v.points)
+            + ")"
+        )
     if acc is not None and acc.tau <= 1 + v.noise:
         return f"no speed-up: tau={acc.tau:.2f}, no draft accepted"
     if acc is not None:  # tau bounds any speed-up (section 4): free drafts, v = 1
@@ -967,9 +1084,11 @@ def _levels_text(v: Verdict) -> str:
     else:
         where = f"at every concurrency measured ({', '.join(names)})"
         figure = _span([m.speedup for m in ms])
-    return {"win": f"speculation pays {where}: {figure}",
-            "even": f"no speed-up: even {where}: {figure}",
-            "loss": f"loses {where}: {figure}"}[outcome]
+    return {
+        "win": f"speculation pays {where}: {figure}",
+        "even": f"no speed-up: even {where}: {figure}",
+        "loss": f"loses {where}: {figure}",
+    }[outcome]
 
 
 def _mixed(v: Verdict, ms: list[Match]) -> str:
@@ -983,8 +1102,9 @@ def _mixed(v: Verdict, ms: list[Match]) -> str:
     parts = []
     for i, (outcome, group) in enumerate(groups):
         verb = {"win": "wins", "even": "even", "loss": "loses"}[outcome]
-        items = [v.name_of(m.cand) + ("" if outcome == "even" else f" ({_figure(m)})")
-                 for m in group]
+        items = [
+            v.name_of(m.cand) + ("" if outcome == "even" else f" ({_figure(m)})") for m in group
+        ]
         parts.append(f"{verb} at {'concurrency ' if i == 0 else ''}{_and(items)}")
     return ", ".join(parts)
 
@@ -998,8 +1118,10 @@ def _details(v: Verdict, base: Result) -> list[str]:
     if v.matches:
         matched = {id(m.cand) for m in v.matches}
         if lone := [v.name_of(p) for p in v.points if id(p) not in matched]:
-            out.append(f"not compared at concurrency {', '.join(lone)}: no baseline level with "
-                       "that many in flight")
+            out.append(
+                f"not compared at concurrency {', '.join(lone)}: no baseline level with "
+                "that many in flight"
+            )
         out += _unstable(v)
         out += _once(v)
     acc = v.acceptance
@@ -1007,8 +1129,11 @@ def _details(v: Verdict, base: Result) -> list[str]:
         out.append(f"tau={acc.tau:.2f}, no draft accepted")
     if v.capped:
         mrr = v.result.server.max_running_requests
-        out.append(f"capped at {mrr} running requests" if mrr
-                   else "fewer in flight than requested, cause unknown")
+        out.append(
+            f"capped at {mrr} running requests"
+            if mrr
+            else "fewer in flight than requested, cause unknown"
+        )
     if (runs := _runs(base, v.result)) is not None:
         out.append(runs)
     return out
@@ -1018,13 +1143,19 @@ def _unstable(v: Verdict) -> list[str]:
     """Levels whose last windows did not agree (bench.serve's stability threshold)."""
     out = []
     for who, pts in (("", [m.cand for m in v.matches]), ("baseline ", [m.base for m in v.matches])):
-        shaky = sorted({p.level.concurrency: p for p in pts if p.level.stable is False}.values(),
-                       key=lambda p: p.level.concurrency)
+        shaky = sorted(
+            {p.level.concurrency: p for p in pts if p.level.stable is False}.values(),
+            key=lambda p: p.level.concurrency,
+        )
         if shaky:
-            out.append(f"{who}unstable at concurrency " + ", ".join(
-                str(p.level.concurrency)
-                + (f" (spread {p.level.spread:.0%})" if p.level.spread is not None else "")
-                for p in shaky))
+            out.append(
+                f"{who}unstable at concurrency "
+                + ", ".join(
+                    str(p.level.concurrency)
+                    + (f" (spread {p.level.spread:.0%})" if p.level.spread is not None else "")
+                    for p in shaky
+                )
+            )
     return out
 
 
@@ -1034,8 +1165,10 @@ def _once(v: Verdict) -> list[str]:
         return []
     if len(once) == len(v.matches):
         return ["measured once: no spread known"]
-    return ["measured once, no spread known, at concurrency "
-            + ", ".join(v.name_of(m.cand) for m in sorted(once, key=lambda m: m.cand.concurrency))]
+    return [
+        "measured once, no spread known, at concurrency "
+        + ", ".join(v.name_of(m.cand) for m in sorted(once, key=lambda m: m.cand.concurrency))
+    ]
 
 
 def _runs(base: Result, cand: Result) -> str | None:
@@ -1047,6 +1180,7 @@ def _runs(base: Result, cand: Result) -> str | None:
 
 # --- output --------------------------------------------------------------------------------------
 
+
 def _windows_text(p: Point) -> str:
     if p.once:
         return "measured once"
@@ -1056,12 +1190,17 @@ def _windows_text(p: Point) -> str:
 def _match_note(m: Match, outcome: Outcome) -> str:
     """'1.21-1.62, 5 windows vs 3 windows: win; 89 vs 63.6 tok/s'."""
     spread = m.spread_text
-    head = (f"{spread}, {_windows_text(m.cand)} vs {_windows_text(m.base)}" if spread
-            else "measured once: no spread known")
+    head = (
+        f"{spread}, {_windows_text(m.cand)} vs {_windows_text(m.base)}"
+        if spread
+        else "measured once: no spread known"
+    )
     text = f"{head}: {outcome}; {ft(m.cand.tok_s)} vs {ft(m.base.tok_s)} tok/s"
     if m.base.level.concurrency != m.cand.level.concurrency:
-        text += (f", baseline at concurrency {m.base.level.concurrency} "
-                 f"({fc(m.base.concurrency)} in flight)")
+        text += (
+            f", baseline at concurrency {m.base.level.concurrency} "
+            f"({fc(m.base.concurrency)} in flight)"
+        )
     return text
 
 
@@ -1069,46 +1208,79 @@ def record(ctx: Context, v: Verdict) -> None:
     """The candidate's findings, verdict first (the board shows the first ones)."""
     n = v.name
     acc = v.acceptance
-    summary = [] if acc is None else [
-        f"tau {acc.tau:.2f} of k={acc.k}: {acc.strict:.1%} accepted/proposed"
-        + (f" (the {acc.reported:.0%} reported is {acc.definition})"
-           if acc.reported is not None and acc.definition != "strict" else "")]
+    summary = (
+        []
+        if acc is None
+        else [
+            f"tau {acc.tau:.2f} of k={acc.k}: {acc.strict:.1%} accepted/proposed"
+            + (
+                f" (the {acc.reported:.0%} reported is {acc.definition})"
+                if acc.reported is not None and acc.definition != "strict"
+                else ""
+            )
+        ]
+    )
     ctx.finding(f"{n}.verdict", v.verdict, note="; ".join(summary + v.notes) or None)
-    ctx.finding(f"{n}.pays", v.pays, note="wins at some concurrency, loses at none, and no "
-                                          "measurement problem")
+    ctx.finding(
+        f"{n}.pays",
+        v.pays,
+        note="wins at some concurrency, loses at none, and no measurement problem",
+    )
     if v.matches:
         keys: tuple[tuple[Outcome, str], ...] = (
-            ("win", "wins_at"), ("even", "even_at"), ("loss", "loses_at"))
+            ("win", "wins_at"),
+            ("even", "even_at"),
+            ("loss", "loses_at"),
+        )
         for outcome, key in keys:
-            ctx.finding(f"{n}.{key}", ", ".join(str(m.cand.level.concurrency)
-                                                for m in v.at(outcome)),
-                        note="requested concurrencies")
+            ctx.finding(
+                f"{n}.{key}",
+                ", ".join(str(m.cand.level.concurrency) for m in v.at(outcome)),
+                note="requested concurrencies",
+            )
         for m in sorted(v.matches, key=lambda m: m.cand.level.concurrency):
-            ctx.finding(f"{n}.speedup_c{m.cand.level.concurrency}", round(m.speedup, 3), "x",
-                        _match_note(m, v.outcome(m)))
+            ctx.finding(
+                f"{n}.speedup_c{m.cand.level.concurrency}",
+                round(m.speedup, 3),
+                "x",
+                _match_note(m, v.outcome(m)),
+            )
     if (pk := v.peak) is not None:
-        ctx.finding(f"{n}.speedup_peak", round(pk.speedup, 3), "x",
-                    f"at concurrency {pk.cand.level.concurrency}, the baseline's peak "
-                    f"({ft(pk.base.tok_s)} tok/s); {_match_note(pk, v.outcome(pk))}")
+        ctx.finding(
+            f"{n}.speedup_peak",
+            round(pk.speedup, 3),
+            "x",
+            f"at concurrency {pk.cand.level.concurrency}, the baseline's peak "
+            f"({ft(pk.base.tok_s)} tok/s); {_match_note(pk, v.outcome(pk))}",
+        )
     ctx.finding(f"{n}.capped", v.capped, note=v.cap_note)
     if acc is not None:
         _record_acceptance(ctx, n, acc)
     if (be := v.break_even) is not None:
-        ctx.finding(f"{n}.break_even_step_ms", round(be.step_budget_ms, 2), "ms",
-                    "tau * T_dec: a speculative step must be faster to win at concurrency 1")
+        ctx.finding(
+            f"{n}.break_even_step_ms",
+            round(be.step_budget_ms, 2),
+            "ms",
+            "tau * T_dec: a speculative step must be faster to win at concurrency 1",
+        )
         ctx.finding(f"{n}.speedup_ceiling", round(be.ceiling, 3), "x", "tau")
 
 
 def _record_acceptance(ctx: Context, n: str, acc: Acceptance) -> None:
-    ctx.finding(f"{n}.accept_length", round(acc.tau, 4), "tokens/step",
-                f"tau incl. bonus token, from {acc.source}")
+    ctx.finding(
+        f"{n}.accept_length",
+        round(acc.tau, 4),
+        "tokens/step",
+        f"tau incl. bonus token, from {acc.source}",
+    )
     ctx.finding(f"{n}.draft_tokens", acc.k, "tokens", "k drafts per verify step")
     ctx.finding(f"{n}.acceptance", round(acc.strict, 4), "ratio", "(tau-1)/k")
     if acc.alpha is not None:
         ctx.finding(f"{n}.alpha", round(acc.alpha, 4), "ratio", "(1-a^(k+1))/(1-a) = tau")
     if acc.reported is not None:
-        ctx.finding(f"{n}.acceptance_reported", acc.reported, "ratio",
-                    acc.notes[0] if acc.notes else None)
+        ctx.finding(
+            f"{n}.acceptance_reported", acc.reported, "ratio", acc.notes[0] if acc.notes else None
+        )
 
 
 def _speedup_cell(m: Match | None, v: Verdict) -> str:
@@ -1122,16 +1294,27 @@ def _speedup_cell(m: Match | None, v: Verdict) -> str:
 def _tok_cell(p: Point) -> str:
     """'410 (401-417, 5)', or '89, once' (measured once); 'unstable' where windows disagreed."""
     lo, hi = p.bounds
-    text = f"{ft(p.tok_s)}, once" if p.once else (
-        f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}, {p.windows if p.windows is not None else '?'})")
+    text = (
+        f"{ft(p.tok_s)}, once"
+        if p.once
+        else (f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}, {p.windows if p.windows is not None else '?'})")
+    )
     return text + (" unstable" if p.level.stable is False else "")
 
 
 def _pts_line(pts: list[Point]) -> str:
-    return ", ".join(f"{ft(p.tok_s)} tok/s at concurrency {p.level.concurrency}"
-                     + (f" ({fc(p.concurrency)} in flight)"
-                        if abs(p.concurrency - p.level.concurrency) > 1e-9 else "")
-                     for p in pts) or "no levels"
+    return (
+        ", ".join(
+            f"{ft(p.tok_s)} tok/s at concurrency {p.level.concurrency}"
+            + (
+                f" ({fc(p.concurrency)} in flight)"
+                if abs(p.concurrency - p.level.concurrency) > 1e-9
+                else ""
+            )
+            for p in pts
+        )
+        or "no levels"
+    )
 
 
 def render(task_id: str, base: Result, verdicts: list[Verdict]) -> str:
@@ -1149,31 +1332,52 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
     peak = max(bpts, key=lambda p: p.tok_s, default=None)
     noise = verdicts[0].noise if verdicts else 0.03
     tolerance = verdicts[0].tolerance if verdicts else 0.1
-    out = [f"# {task_id}: speculative decoding against the baseline", "",
-           f"Baseline **{base.label or 'baseline'}**"
-           + (f" ({base.server.engine}" + (f", max_running_requests {mrr}" if mrr else "") + ")"
-              if base.server.engine else "")
-           + f": {_pts_line(bpts)}.", "",
-           f"Levels are compared only with the same number of requests in flight (within "
-           f"{tolerance:.0%}). Speed-up = ratio of the medians over the measurement windows; "
-           "its interval = [candidate min / baseline max, candidate max / baseline min] (with n "
-           "windows, [min, max] covers a level's median with probability 1 - 2^(1-n): 75% for "
-           f"3, 94% for 5). A level is a win when the whole interval lies above 1 + {noise:.0%}, "
-           f"a loss when below 1 - {noise:.0%}, else even.", "",
-           "Curves of these results (throughput and per-request speed against concurrency "
-           "with their intervals, TTFT/TPOT percentiles, acceptance): `orch report PLAN`, "
-           f"section `{task_id}`.", "",
-           "Acceptance on one definition: accepted / proposed drafts = (tau-1)/k; alpha is the "
-           "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau "
-           "(serving-reference.md sections 0.1 and 4).", "",
-           "| candidate | verdict | concurrency 1 | at the baseline's peak"
-           + (f" (concurrency {peak.level.concurrency})" if peak else "")
-           + " | capped | tau (k) | (tau-1)/k | alpha | engine reported |",
-           "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    out = [
+        f"# {task_id}: speculative decoding against the baseline",
+        "",
+        f"Baseline **{base.label or 'baseline'}**"
+        + (
+            f" ({base.server.engine}" + (f", max_running_requests {mrr}" if mrr else "") + ")"
+            if base.server.engine
+            else ""
+        )
+        + f": {_pts_line(bpts)}.",
+        "",
+        f"Levels are compared only with the same number of requests in flight (within "
+        f"{tolerance:.0%}). Speed-up = ratio of the medians over the measurement windows; "
+        "its interval = [candidate min / baseline max, candidate max / baseline min] (with n "
+        "windows, [min, max] covers a level's median with probability 1 - 2^(1-n): 75% for "
+        f"3, 94% for 5). A level is a win when the whole interval lies above 1 + {noise:.0%}, "
+        f"a loss when below 1 - {noise:.0%}, else even.",
+        "",
+        "Curves of these results (throughput and per-request speed against concurrency "
+        "with their intervals, TTFT/TPOT percentiles, acceptance): `orch report PLAN`, "
+        f"section `{task_id}`.",
+        "",
+        "Acceptance on one definition: accepted / proposed drafts = (tau-1)/k; alpha is the "
+        "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau "
+        "(serving-reference.md sections 0.1 and 4).",
+        "",
+        "| candidate | verdict | concurrency 1 | at the baseline's peak"
+        + (f" (concurrency {peak.level.concurrency})" if peak else "")
+        + " | capped | tau (k) | (tau-1)/k | alpha | engine reported |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for v in verdicts:
-        out.append("| " + " | ".join([
-            v.name, v.verdict, _speedup_cell(v.c1, v), _speedup_cell(v.peak, v),
-            _capped_cell(v), *_acceptance_cells(v.acceptance)]) + " |")
+        out.append(
+            "| "
+            + " | ".join(
+                [
+                    v.name,
+                    v.verdict,
+                    _speedup_cell(v.c1, v),
+                    _speedup_cell(v.peak, v),
+                    _capped_cell(v),
+                    *_acceptance_cells(v.acceptance),
+                ]
+            )
+            + " |"
+        )
     return out
 
 
@@ -1186,17 +1390,30 @@ def _acceptance_cells(acc: Acceptance | None) -> list[str]:
     if acc is None:
         return ["–"] * 4
     reported = "–" if acc.reported is None else f"{acc.reported:.0%} ({acc.definition})"
-    return [f"{acc.tau:.2f} ({acc.k})", f"{acc.strict:.1%}",
-            "–" if acc.alpha is None else f"{acc.alpha:.3f}", reported]
+    return [
+        f"{acc.tau:.2f} ({acc.k})",
+        f"{acc.strict:.1%}",
+        "–" if acc.alpha is None else f"{acc.alpha:.3f}",
+        reported,
+    ]
 
 
 def _section(v: Verdict) -> list[str]:
-    out = ["", f"## {v.name}" + (f": {v.result.label}" if v.result.label else ""), "",
-           f"**{v.verdict}**", "", f"Measured: {_pts_line(v.points)}."]
+    out = [
+        "",
+        f"## {v.name}" + (f": {v.result.label}" if v.result.label else ""),
+        "",
+        f"**{v.verdict}**",
+        "",
+        f"Measured: {_pts_line(v.points)}.",
+    ]
     if v.points:
-        out += ["", "| concurrency | in flight | tok/s (median, interval, windows) "
-                    "| baseline tok/s | speed-up (interval) | outcome | spec step / decode step |",
-                "| --- | --- | --- | --- | --- | --- | --- |"]
+        out += [
+            "",
+            "| concurrency | in flight | tok/s (median, interval, windows) "
+            "| baseline tok/s | speed-up (interval) | outcome | spec step / decode step |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
         out += _level_rows(v)
         out += _footnotes(v)
     return out + _bullets(v)
@@ -1210,19 +1427,45 @@ def _level_rows(v: Verdict) -> list[str]:
     rows: list[tuple[float, list[str]]] = []
     for p in v.points:
         m = by_cand.get(id(p))
-        base_cell = ("not comparable" if v.differ else _tok_cell(m.base) if m
-                     else f"no level with {fc(p.concurrency)} in flight")
-        rows.append((p.concurrency, [
-            str(p.level.concurrency), fc(p.concurrency) + ("*" if p.inferred else ""),
-            _tok_cell(p), base_cell, _speedup_cell(m, v) if m or v.differ else "–",
-            v.outcome(m) if m else "not compared", _cost_cell(v, m)]))
+        base_cell = (
+            "not comparable"
+            if v.differ
+            else _tok_cell(m.base)
+            if m
+            else f"no level with {fc(p.concurrency)} in flight"
+        )
+        rows.append(
+            (
+                p.concurrency,
+                [
+                    str(p.level.concurrency),
+                    fc(p.concurrency) + ("*" if p.inferred else ""),
+                    _tok_cell(p),
+                    base_cell,
+                    _speedup_cell(m, v) if m or v.differ else "–",
+                    v.outcome(m) if m else "not compared",
+                    _cost_cell(v, m),
+                ],
+            )
+        )
     if not v.differ:
         for b in v.base_points:
             if id(b) not in matched_base:
                 peak = " (peak)" if b is v.base_peak else ""
-                rows.append((b.concurrency, [str(b.level.concurrency), fc(b.concurrency),
-                                             "not measured", _tok_cell(b) + peak, "–",
-                                             "not measured", "–"]))
+                rows.append(
+                    (
+                        b.concurrency,
+                        [
+                            str(b.level.concurrency),
+                            fc(b.concurrency),
+                            "not measured",
+                            _tok_cell(b) + peak,
+                            "–",
+                            "not measured",
+                            "–",
+                        ],
+                    )
+                )
     return ["| " + " | ".join(cells) + " |" for _, cells in sorted(rows, key=lambda r: r[0])]
 
 
@@ -1240,12 +1483,15 @@ def _footnotes(v: Verdict) -> list[str]:
     if any(p.inferred for p in v.points):
         notes.append("\\* in flight not measured: taken as the server's max_running_requests")
     if any(p.once for p in pts):
-        notes.append(f"once: measured once: no spread known (an orch.bench/v1 result or a "
-                     f"single window); the outcome rests on the ±{v.noise:.0%} noise margin "
-                     "alone")
+        notes.append(
+            f"once: measured once: no spread known (an orch.bench/v1 result or a "
+            f"single window); the outcome rests on the ±{v.noise:.0%} noise margin "
+            "alone"
+        )
     if any(p.level.stable is False for p in pts):
-        notes.append("unstable: the last windows did not agree within bench.serve's stability "
-                     "threshold")
+        notes.append(
+            "unstable: the last windows did not agree within bench.serve's stability threshold"
+        )
     return ["", *notes] if notes else []
 
 
@@ -1257,7 +1503,9 @@ def _bullets(v: Verdict) -> list[str]:
             f"- **Acceptance.** tau = {acc.tau:.2f} with k = {acc.k} (from {acc.source}): "
             f"(tau-1)/k = {acc.strict:.1%} accepted/proposed"
             + ("" if acc.alpha is None else f", alpha = {acc.alpha:.3f}")
-            + "".join(f"; {n}" for n in acc.notes) + ".")
+            + "".join(f"; {n}" for n in acc.notes)
+            + "."
+        )
         if v.break_even is not None:
             bullets.append(f"- **Break-even (section 4).** {v.break_even.text(acc)}.")
     shown = set(acc.notes) if acc is not None else set()
@@ -1268,31 +1516,46 @@ def _bullets(v: Verdict) -> list[str]:
 def _provenance(base: Result, verdicts: list[Verdict]) -> list[str]:
     out = ["", "## Provenance", ""]
     for role, result in [("baseline", base), *((v.name, v.result) for v in verdicts)]:
-        out.append(f"- **{role}**" + (f" ({result.label})" if result.label else "")
-                   + f": {_where(result)}")
+        out.append(
+            f"- **{role}**" + (f" ({result.label})" if result.label else "") + f": {_where(result)}"
+        )
         for lv in result.levels:
-            out += [f"  - rejected at concurrency {lv.concurrency}: {why}"
-                    for why in lv.rejected or []]
+            out += [
+                f"  - rejected at concurrency {lv.concurrency}: {why}" for why in lv.rejected or []
+            ]
     return out
 
 
 def _where(result: Result) -> str:
     """Run, task and time; file; engine, version and resolved settings; benchmark settings."""
     src, srv = result.source, result.server
-    parts = [", ".join(x for x in (
-        f"run #{src.run}" if src.run is not None else "run not recorded",
-        f"task {src.task}" if src.task else "", f"at {src.at}" if src.at else "") if x),
-        result.origin]
+    parts = [
+        ", ".join(
+            x
+            for x in (
+                f"run #{src.run}" if src.run is not None else "run not recorded",
+                f"task {src.task}" if src.task else "",
+                f"at {src.at}" if src.at else "",
+            )
+            if x
+        ),
+        result.origin,
+    ]
     engine = " ".join(x for x in (srv.engine or "engine not recorded", srv.version or "") if x)
     if srv.max_running_requests is not None:
         engine += f", max_running_requests {srv.max_running_requests}"
     parts.append(engine)
     if srv.settings:
-        parts.append("settings: " + ", ".join(f"{k}={_value(v)}"
-                                              for k, v in sorted(srv.settings.items())))
-    parts.append("benchmark: " + (", ".join(f"{k}={_value(v)}"
-                                            for k, v in sorted(result.benchmark.items()))
-                                  or "not recorded"))
+        parts.append(
+            "settings: " + ", ".join(f"{k}={_value(v)}" for k, v in sorted(srv.settings.items()))
+        )
+    parts.append(
+        "benchmark: "
+        + (
+            ", ".join(f"{k}={_value(v)}" for k, v in sorted(result.benchmark.items()))
+            or "not recorded"
+        )
+    )
     return "; ".join(parts)
 
 
@@ -1307,9 +1570,17 @@ class AnalyzeCompare(Task[CompareParams]):
         base = load_result(p.baseline, "baseline")
         if not base.levels:
             raise TaskError("baseline: no levels, nothing to compare against")
-        verdicts = [compare(name, load_result(src, f"candidate {name}"), base, p.noise,
-                            p.match_tolerance, p.max_draft_cost)
-                    for name, src in p.candidates.items()]
+        verdicts = [
+            compare(
+                name,
+                load_result(src, f"candidate {name}"),
+                base,
+                p.noise,
+                p.match_tolerance,
+                p.max_draft_cost,
+            )
+            for name, src in p.candidates.items()
+        ]
         report = (ctx.log_path.parent / f"{ctx.task_id}.md").resolve()
         text = render(ctx.task_id, base, verdicts)
         report.parent.mkdir(parents=True, exist_ok=True)
@@ -1319,8 +1590,14 @@ class AnalyzeCompare(Task[CompareParams]):
             record(ctx, v)
         ctx.finding("report", str(report), note=f"{len(verdicts)} candidate(s)")
         inputs = report.with_suffix(".inputs.json")  # what `orch report` draws the curves from
-        inputs.write_text(json.dumps({"baseline": _document(p.baseline), "candidates": {
-            name: _document(src) for name, src in p.candidates.items()}}))
+        inputs.write_text(
+            json.dumps(
+                {
+                    "baseline": _document(p.baseline),
+                    "candidates": {name: _document(src) for name, src in p.candidates.items()},
+                }
+            )
+        )
         ctx.finding("inputs", str(inputs), note="the compared results, for orch report")
 
     @classmethod
@@ -1332,8 +1609,12 @@ class AnalyzeCompare(Task[CompareParams]):
         if (found := findings.get("inputs")) is not None:
             try:
                 inputs = json.loads(Path(str(found.value)).read_text())
-                series = [(f"baseline: {inputs['baseline'].get('label') or 'baseline'}",
-                           inputs["baseline"])]
+                series = [
+                    (
+                        f"baseline: {inputs['baseline'].get('label') or 'baseline'}",
+                        inputs["baseline"],
+                    )
+                ]
                 series += [(name, doc) for name, doc in inputs["candidates"].items()]
                 figures = bench_figures("compare", series)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -68,14 +68,29 @@ def _throughput(name: str, series: Sequence[Series]) -> Figure:
     for label, doc in series:
         levels = _levels(doc)
         ys = [float(lv["output_tok_s"]) for lv in levels]
-        ax.errorbar([_x(lv) for lv in levels], ys, capsize=3, marker="o", label=label,
-                    yerr=_errors(ys, [_interval(lv, "output_tok_s") for lv in levels]))
+        ax.errorbar(
+            [_x(lv) for lv in levels],
+            ys,
+            capsize=3,
+            marker="o",
+            label=label,
+            yerr=_errors(ys, [_interval(lv, "output_tok_s") for lv in levels]),
+        )
         for lv, y in zip(levels, ys, strict=True):
-            ax.annotate(f"c={lv.get('concurrency')}", (_x(lv), y), fontsize=7,
-                        textcoords="offset points", xytext=(4, -10))
+            ax.annotate(
+                f"c={lv.get('concurrency')}",
+                (_x(lv), y),
+                fontsize=7,
+                textcoords="offset points",
+                xytext=(4, -10),
+            )
     ax.legend(fontsize=8)
-    return Figure(f"{name}-throughput", "Output throughput against concurrency", png_of(fig),
-                  "median of the kept windows; bars: [min, max] over them; c=N: requested")
+    return Figure(
+        f"{name}-throughput",
+        "Output throughput against concurrency",
+        png_of(fig),
+        "median of the kept windows; bars: [min, max] over them; c=N: requested",
+    )
 
 
 def _speed(name: str, series: Sequence[Series]) -> Figure | None:
@@ -86,17 +101,31 @@ def _speed(name: str, series: Sequence[Series]) -> Figure | None:
         if not levels:
             continue
         ys = [1000.0 / float(lv["tpot_ms"]) for lv in levels]
-        bounds = [(lambda b: [1000.0 / b[1], 1000.0 / b[0]] if b and b[0] > 0 else None)(
-            _interval(lv, "tpot_ms")) for lv in levels]
-        ax.errorbar([_x(lv) for lv in levels], ys, yerr=_errors(ys, bounds), capsize=3,
-                    marker="o", label=label)
+        bounds = [
+            (lambda b: [1000.0 / b[1], 1000.0 / b[0]] if b and b[0] > 0 else None)(
+                _interval(lv, "tpot_ms")
+            )
+            for lv in levels
+        ]
+        ax.errorbar(
+            [_x(lv) for lv in levels],
+            ys,
+            yerr=_errors(ys, bounds),
+            capsize=3,
+            marker="o",
+            label=label,
+        )
         drawn = True
     if not drawn:
         pyplot().close(fig)
         return None
     ax.legend(fontsize=8)
-    return Figure(f"{name}-speed", "Per-request speed against concurrency", png_of(fig),
-                  "what one user sees; bars from the TPOT interval")
+    return Figure(
+        f"{name}-speed",
+        "Per-request speed against concurrency",
+        png_of(fig),
+        "what one user sees; bars from the TPOT interval",
+    )
 
 
 def _latency(name: str, series: Sequence[Series]) -> Figure | None:
@@ -112,48 +141,78 @@ def _latency(name: str, series: Sequence[Series]) -> Figure | None:
         for i, (label, doc) in enumerate(series):
             levels = [lv for lv in _levels(doc) if isinstance(lv.get(metric), dict)]
             for pct, style in PERCENTILES:
-                points = [(_x(lv), lv[metric][pct]) for lv in levels
-                          if isinstance(lv[metric].get(pct), int | float)]
+                points = [
+                    (_x(lv), lv[metric][pct])
+                    for lv in levels
+                    if isinstance(lv[metric].get(pct), int | float)
+                ]
                 if points:
-                    ax.plot(*zip(*points, strict=True), linestyle=style, marker=".",
-                            color=colours[i % len(colours)], label=f"{label} {pct}")
+                    ax.plot(
+                        *zip(*points, strict=True),
+                        linestyle=style,
+                        marker=".",
+                        color=colours[i % len(colours)],
+                        label=f"{label} {pct}",
+                    )
                     drawn = True
         ax.legend(fontsize=7)
     if not drawn:
         plt.close(fig)
         return None
     fig.tight_layout()
-    return Figure(f"{name}-latency", "TTFT and TPOT percentiles", png_of(fig),
-                  "solid p50, dashed p90, dotted p99, over every request of the kept windows")
+    return Figure(
+        f"{name}-latency",
+        "TTFT and TPOT percentiles",
+        png_of(fig),
+        "solid p50, dashed p90, dotted p99, over every request of the kept windows",
+    )
 
 
 def _acceptance(name: str, series: Sequence[Series]) -> Figure | None:
     fig, ax = _axes("Acceptance", "tau: tokens per verify step (bonus included)")
     drawn = False
     for label, doc in series:
-        levels = [lv for lv in _levels(doc) if isinstance(lv.get("spec"), dict)
-                  and isinstance(lv["spec"].get("accept_length"), int | float)]
+        levels = [
+            lv
+            for lv in _levels(doc)
+            if isinstance(lv.get("spec"), dict)
+            and isinstance(lv["spec"].get("accept_length"), int | float)
+        ]
         if not levels:
             continue
-        k = next((lv["spec"].get("draft_tokens") for lv in levels
-                  if lv["spec"].get("draft_tokens")), None)
-        line = ax.plot([_x(lv) for lv in levels],
-                       [lv["spec"]["accept_length"] for lv in levels], marker="o",
-                       label=f"{label} (k={k})" if k else label)[0]
+        k = next(
+            (lv["spec"].get("draft_tokens") for lv in levels if lv["spec"].get("draft_tokens")),
+            None,
+        )
+        line = ax.plot(
+            [_x(lv) for lv in levels],
+            [lv["spec"]["accept_length"] for lv in levels],
+            marker="o",
+            label=f"{label} (k={k})" if k else label,
+        )[0]
         if k:
             ax.axhline(k + 1, color=line.get_color(), linestyle="--", linewidth=0.8)
         for lv in levels:
             if isinstance(rate := lv["spec"].get("acceptance"), int | float):
-                ax.annotate(f"{rate:.0%}", (_x(lv), lv["spec"]["accept_length"]), fontsize=7,
-                            textcoords="offset points", xytext=(4, 4))
+                ax.annotate(
+                    f"{rate:.0%}",
+                    (_x(lv), lv["spec"]["accept_length"]),
+                    fontsize=7,
+                    textcoords="offset points",
+                    xytext=(4, 4),
+                )
         drawn = True
     if not drawn:
         pyplot().close(fig)
         return None
     ax.set_ylim(bottom=1.0)
     ax.legend(fontsize=8)
-    return Figure(f"{name}-acceptance", "Acceptance against concurrency", png_of(fig),
-                  "dashed: the ceiling k+1; labels: acceptance (tau-1)/k")
+    return Figure(
+        f"{name}-acceptance",
+        "Acceptance against concurrency",
+        png_of(fig),
+        "dashed: the ceiling k+1; labels: acceptance (tau-1)/k",
+    )
 
 
 def bench_figures(name: str, series: Sequence[Series]) -> list[Figure]:
@@ -162,6 +221,10 @@ def bench_figures(name: str, series: Sequence[Series]) -> list[Figure]:
     if not series:
         return []
     name = safe_name(name)
-    made = [_throughput(name, series), _speed(name, series), _latency(name, series),
-            _acceptance(name, series)]
+    made = [
+        _throughput(name, series),
+        _speed(name, series),
+        _latency(name, series),
+        _acceptance(name, series),
+    ]
     return [f for f in made if f is not None]

@@ -83,8 +83,10 @@ def busy(gpu: Gpu, max_used: int, no_processes: bool) -> str | None:
         head = f"{name} holds {format_size(gpu.used_bytes)}"
     else:
         count = len(gpu.processes)
-        head = (f"{name} has {count} compute process{'es' if count > 1 else ''} "
-                f"({format_size(gpu.used_bytes)} used)")
+        head = (
+            f"{name} has {count} compute process{'es' if count > 1 else ''} "
+            f"({format_size(gpu.used_bytes)} used)"
+        )
     if gpu.processes:
         return f"{head}: {holders(gpu.processes)}"
     if gpu.processes_error:
@@ -151,8 +153,11 @@ class GpusFree(Precondition[FreeParams]):
         if problems:
             return CheckResult(False, "; ".join(problems))
         most = max(g.used_bytes for g in gpus)
-        return CheckResult(True, f"GPU{'s' if len(gpus) > 1 else ''} {_indices(gpus)} free "
-                                 f"({format_size(most)} used at most)")
+        return CheckResult(
+            True,
+            f"GPU{'s' if len(gpus) > 1 else ''} {_indices(gpus)} free "
+            f"({format_size(most)} used at most)",
+        )
 
 
 class CountParams(BaseModel):
@@ -203,7 +208,8 @@ class WaitFreeParams(FreeParams):
     every: Duration = Field(0.1, ge=0.01, description="seconds between looks")
     terminate: bool = Field(False, description="end the processes still holding the GPUs")
     terminate_after: Duration = Field(
-        0.0, description="with terminate: how long holders may take to leave on their own")
+        0.0, description="with terminate: how long holders may take to leave on their own"
+    )
     grace: Duration = Field(10.0, description="seconds between SIGTERM and SIGKILL")
 
 
@@ -242,7 +248,8 @@ class GpuWaitFree(Task[WaitFreeParams]):
                         ended = self._terminate(ctx, current, max_used)
                     elif now >= deadline:
                         raise TaskError(
-                            f"not free after {now - started:.1f}s: {'; '.join(problems)}")
+                            f"not free after {now - started:.1f}s: {'; '.join(problems)}"
+                        )
                     else:
                         key = tuple((g.index, tuple(x.pid for x in g.processes)) for g in current)
                         if key != shown[0] or now - shown[1] >= PROGRESS_EVERY:
@@ -262,11 +269,19 @@ class GpuWaitFree(Task[WaitFreeParams]):
     ) -> None:
         for before, after in zip(first, last, strict=True):
             freed = max(0, before.used_bytes - after.used_bytes)
-            ctx.finding(f"gpu{before.index}_freed_gib", round(freed / GIB, 2), "GiB",
-                        f"{format_size(before.used_bytes)} -> {format_size(after.used_bytes)} used")
+            ctx.finding(
+                f"gpu{before.index}_freed_gib",
+                round(freed / GIB, 2),
+                "GiB",
+                f"{format_size(before.used_bytes)} -> {format_size(after.used_bytes)} used",
+            )
         if ended:
-            ctx.finding("terminated", ended, None,
-                        f"SIGTERM, then SIGKILL after {self.params.grace:g}s for any left")
+            ctx.finding(
+                "terminated",
+                ended,
+                None,
+                f"SIGTERM, then SIGKILL after {self.params.grace:g}s for any left",
+            )
         if spared:
             ctx.finding("not_terminated", "; ".join(spared))
         ctx.finding("gpus", ",".join(str(g.index) for g in first))
@@ -276,8 +291,12 @@ class GpuWaitFree(Task[WaitFreeParams]):
 
         Returns the labels of those ended, and why others were not.
         """
-        held = {x.pid: x for g in gpus if busy(g, max_used, self.params.no_processes)
-                for x in g.processes}
+        held = {
+            x.pid: x
+            for g in gpus
+            if busy(g, max_used, self.params.no_processes)
+            for x in g.processes
+        }
         mine = _ancestors()
         ending: list[GpuProcess] = []
         spared: list[str] = []

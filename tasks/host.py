@@ -42,7 +42,8 @@ class PortFree(Precondition[PortParams]):
             return CheckResult(True, f"port {self.params.port} is free")
         who = "; ".join(
             f"{h.address}:{h.port} by {h.process.label() if h.process else 'an unseen process'}"
-            for h in held)
+            for h in held
+        )
         return CheckResult(False, f"port {self.params.port} is held: {who}")
 
 
@@ -65,8 +66,11 @@ class DiskFree(Precondition[DiskParams]):
         probe = next((p for p in [path, *path.parents] if p.exists()), Path("/"))
         free = shutil.disk_usage(probe).free
         ok = free >= self.params.min_free
-        return CheckResult(ok, f"{probe} has {format_size(free)} free"
-                           + ("" if ok else f", needs {format_size(self.params.min_free)}"))
+        return CheckResult(
+            ok,
+            f"{probe} has {format_size(free)} free"
+            + ("" if ok else f", needs {format_size(self.params.min_free)}"),
+        )
 
 
 class PackageParams(BaseModel):
@@ -122,12 +126,18 @@ def default_import_name(package: str) -> str:
     return package.replace("-", "_").split("[")[0]
 
 
-def probe_package(python: str, package: str, module: str,
-                  timeout: float = 120.0) -> PackageProbe | None:
+def probe_package(
+    python: str, package: str, module: str, timeout: float = 120.0
+) -> PackageProbe | None:
     """Ask `python` for `package`'s version and whether `module` imports; None: could not ask."""
     try:
-        out = subprocess.run([python, "-c", _PROBE, package, module], capture_output=True,
-                             text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [python, "-c", _PROBE, package, module],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
+        )
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None
@@ -154,6 +164,7 @@ class PythonPackage(Precondition[PackageParams]):
             if not SpecifierSet(p.version).contains(version, prereleases=True):
                 return CheckResult(False, f"{p.package} {version} does not satisfy {p.version}")
         if info.import_error:
-            return CheckResult(False, f"{p.package} {version} fails to import: "
-                                      f"{info.import_error[:200]}")
+            return CheckResult(
+                False, f"{p.package} {version} fails to import: {info.import_error[:200]}"
+            )
         return CheckResult(True, f"{p.package} {version} imports")

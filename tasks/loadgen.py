@@ -73,11 +73,59 @@ from probes import http
 from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate
 
 WORDS = [
-    "the", "a", "of", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from",
-    "that", "this", "it", "be", "are", "model", "server", "token", "stream", "metric", "request",
-    "response", "cache", "batch", "draft", "hello", "world", "fast", "slow", "small", "large",
-    "test", "check", "run", "start", "stop", "queue", "time", "one", "two", "three", "four",
-    "five", "six", "seven", "eight", "nine", "ten", "zero"
+    "the",
+    "a",
+    "of",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "model",
+    "server",
+    "token",
+    "stream",
+    "metric",
+    "request",
+    "response",
+    "cache",
+    "batch",
+    "draft",
+    "hello",
+    "world",
+    "fast",
+    "slow",
+    "small",
+    "large",
+    "test",
+    "check",
+    "run",
+    "start",
+    "stop",
+    "queue",
+    "time",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "zero",
 ]
 VLLM_SPEC = "vllm:spec_decode_"
 # Share of answers without token timing above which a window is redone; one such answer never
@@ -94,22 +142,32 @@ class BenchParams(BaseModel):
     url: str | None = Field(None, description="or the base URL of any OpenAI-compatible server")
     model: str | None = Field(None, description="served model name (default: the server's)")
     api: Literal["auto", "openai", "sglang"] = Field(
-        "auto", description="openai: /v1/completions; sglang: native /generate (meta_info "
-                            "gives acceptance); auto: sglang for an SGLang server")
+        "auto",
+        description="openai: /v1/completions; sglang: native /generate (meta_info "
+        "gives acceptance); auto: sglang for an SGLang server",
+    )
     concurrency: list[Annotated[int, Field(ge=1)]] = Field([1, 8, 32, 128], min_length=1)
     requests: int = Field(64, ge=1, description="timed requests per measurement window")
     warmup: int = Field(2, ge=0, description="requests per level not counted")
     stability: float = Field(
-        0.1, gt=0, lt=1, description="windows agree when each one's output tok/s is within this "
-                                     "fraction of their mean (perf_analyzer: 10%)")
+        0.1,
+        gt=0,
+        lt=1,
+        description="windows agree when each one's output tok/s is within this "
+        "fraction of their mean (perf_analyzer: 10%)",
+    )
     min_windows: int = Field(3, ge=1, description="windows that must agree (perf_analyzer: 3)")
     max_windows: int = Field(10, ge=1, description="at most this many windows per level")
     dataset: str | None = Field(
-        None, description='JSONL of {"prompt": ..., "output_tokens": N}; default: generated')
+        None, description='JSONL of {"prompt": ..., "output_tokens": N}; default: generated'
+    )
     input_words: int = Field(128, ge=1, description="generated prompts: words per prompt")
     input_tokens: int | None = Field(
-        None, ge=1, description="generated prompts of exactly this many tokens, cut with the "
-                                "server's own tokenizer (POST /tokenize: vLLM)")
+        None,
+        ge=1,
+        description="generated prompts of exactly this many tokens, cut with the "
+        "server's own tokenizer (POST /tokenize: vLLM)",
+    )
     output_tokens: int = Field(128, ge=1)
     temperature: float = 0.0
     ignore_eos: bool = True
@@ -124,8 +182,9 @@ class BenchParams(BaseModel):
         if (self.server is None) == (self.url is None):
             raise ValueError("give exactly one of `server` (a server.launch task's id) or `url`")
         if self.max_windows < self.min_windows:
-            raise ValueError(f"max_windows {self.max_windows} is below min_windows "
-                             f"{self.min_windows}")
+            raise ValueError(
+                f"max_windows {self.max_windows} is below min_windows {self.min_windows}"
+            )
         return self
 
 
@@ -167,12 +226,15 @@ class Target:
 
 # --- prompts -------------------------------------------------------------------------------------
 
+
 def load_prompts(p: BenchParams) -> list[Prompt]:
     """The dataset's prompts, or generated ones: `input_words` words each (seeded)."""
     if p.dataset is None:
         rnd = random.Random(p.seed)
-        return [Prompt(" ".join(rnd.choice(WORDS) for _ in range(p.input_words)),
-                       p.output_tokens) for _ in range(max(p.requests, 1))]
+        return [
+            Prompt(" ".join(rnd.choice(WORDS) for _ in range(p.input_words)), p.output_tokens)
+            for _ in range(max(p.requests, 1))
+        ]
     path = Path(p.dataset)
     try:
         lines = path.read_text().splitlines()
@@ -184,10 +246,11 @@ def load_prompts(p: BenchParams) -> list[Prompt]:
             continue
         try:
             row = json.loads(line)
-            prompts.append(Prompt(str(row["prompt"]), int(row.get("output_tokens",
-                                                                     p.output_tokens))))
+            prompts.append(
+                Prompt(str(row["prompt"]), int(row.get("output_tokens", p.output_tokens)))
+            )
         except (ValueError, KeyError, TypeError) as exc:
-            raise TaskError(f"{path}:{number}: not a {{\"prompt\": ...}} line ({exc})") from None
+            raise TaskError(f'{path}:{number}: not a {{"prompt": ...}} line ({exc})') from None
     if not prompts:
         raise TaskError(f"dataset {path} has no prompts")
     return prompts
@@ -195,21 +258,27 @@ def load_prompts(p: BenchParams) -> list[Prompt]:
 
 # --- one request ---------------------------------------------------------------------------------
 
+
 def exact_lengths(target: Target, prompts: list[Prompt], tokens: int) -> list[Prompt]:
     """Each prompt cut to exactly `tokens` tokens by the server's tokenizer (vLLM /tokenize),
     then sent as token ids: input length fixed in the unit the server counts."""
     out = []
     for prompt in prompts:
         try:
-            got = http.request_json(target.url + "/tokenize", {
-                "model": target.model, "prompt": prompt.text, "add_special_tokens": False})
+            got = http.request_json(
+                target.url + "/tokenize",
+                {"model": target.model, "prompt": prompt.text, "add_special_tokens": False},
+            )
         except http.Unreachable as exc:
-            raise TaskError(f"input_tokens needs the server's /tokenize (vLLM has it): {exc}; "
-                            "use input_words or a dataset") from None
+            raise TaskError(
+                f"input_tokens needs the server's /tokenize (vLLM has it): {exc}; "
+                "use input_words or a dataset"
+            ) from None
         ids = list(got.get("tokens") or [])
         if len(ids) < tokens:
-            raise TaskError(f"a generated prompt is only {len(ids)} tokens; raise input_words "
-                            f"above {tokens}")
+            raise TaskError(
+                f"a generated prompt is only {len(ids)} tokens; raise input_words above {tokens}"
+            )
         out.append(Prompt(prompt.text, prompt.output_tokens, ids[:tokens]))
     return out
 
@@ -218,14 +287,24 @@ def request_body(target: Target, prompt: Prompt, p: BenchParams) -> tuple[str, d
     """Path and JSON body of one streaming request."""
     if target.api == "sglang":
         source = {"text": prompt.text} if prompt.ids is None else {"input_ids": prompt.ids}
-        return "/generate", {**source, "stream": True, "sampling_params": {
-            "max_new_tokens": prompt.output_tokens, "temperature": p.temperature,
-            "ignore_eos": p.ignore_eos}}
+        return "/generate", {
+            **source,
+            "stream": True,
+            "sampling_params": {
+                "max_new_tokens": prompt.output_tokens,
+                "temperature": p.temperature,
+                "ignore_eos": p.ignore_eos,
+            },
+        }
     return "/v1/completions", {
-        "model": target.model, "prompt": prompt.text if prompt.ids is None else prompt.ids,
+        "model": target.model,
+        "prompt": prompt.text if prompt.ids is None else prompt.ids,
         "max_tokens": prompt.output_tokens,
-        "temperature": p.temperature, "ignore_eos": p.ignore_eos, "stream": True,
-        "stream_options": {"include_usage": True}}
+        "temperature": p.temperature,
+        "ignore_eos": p.ignore_eos,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
 
 
 def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, Any]) -> bool:
@@ -288,6 +367,7 @@ async def one_request(session: Any, target: Target, prompt: Prompt, p: BenchPara
 
 # --- a window ------------------------------------------------------------------------------------
 
+
 def stats_ms(values: Sequence[float]) -> dict[str, float]:
     """mean, p50, p90, p99 in ms; percentiles interpolated linearly (numpy's default)."""
     if not values:
@@ -332,30 +412,38 @@ def summarize_level(concurrency: int, outcomes: list[Outcome], duration: float) 
     return level
 
 
-def window_problems(figures: dict[str, Any], outcomes: list[Outcome], concurrency: int,
-                    p: BenchParams) -> tuple[list[str], str | None]:
+def window_problems(
+    figures: dict[str, Any], outcomes: list[Outcome], concurrency: int, p: BenchParams
+) -> tuple[list[str], str | None]:
     """(why this window must be measured again, why the level cannot be measured at all)."""
     done = [o for o in outcomes if o.ok]
     if not done:
         return [], f"every request failed: {figures.get('first_error')}"
     if p.ignore_eos and (short := [o for o in done if o.output_tokens < o.asked]):
         got = statistics.median(o.output_tokens for o in short)
-        return [], (f"{len(short)} of {len(done)} answers were shorter than asked (median "
-                    f"{got:g} of {short[0].asked} tokens) although ignore_eos is set: the server "
-                    "stops early (max_model_len reached, ignore_eos not honoured, or no token "
-                    "counts in its `usage`), so its throughput is not the one asked for")
+        return [], (
+            f"{len(short)} of {len(done)} answers were shorter than asked (median "
+            f"{got:g} of {short[0].asked} tokens) although ignore_eos is set: the server "
+            "stops early (max_model_len reached, ignore_eos not honoured, or no token "
+            "counts in its `usage`), so its throughput is not the one asked for"
+        )
     problems = []
     if (unobserved := figures.get("unobserved", 0)) > max(1.0, MAX_UNOBSERVED * len(done)):
-        problems.append(f"{unobserved} of {len(done)} answers arrived with every token in one "
-                        "read (TTFT = end-to-end): token timing not observed, the server did not "
-                        "stream them as they were made")
+        problems.append(
+            f"{unobserved} of {len(done)} answers arrived with every token in one "
+            "read (TTFT = end-to-end): token timing not observed, the server did not "
+            "stream them as they were made"
+        )
     if figures["errors"]:
-        problems.append(f"{figures['errors']} of {len(outcomes)} requests failed "
-                        f"({figures.get('first_error')})")
+        problems.append(
+            f"{figures['errors']} of {len(outcomes)} requests failed ({figures.get('first_error')})"
+        )
     expected = min(concurrency, p.requests)
     if figures["achieved_concurrency"] < 0.5 * expected:
-        problems.append(f"{figures['achieved_concurrency']:.2f} requests in flight on average, "
-                        f"{expected} asked: the load was not applied")
+        problems.append(
+            f"{figures['achieved_concurrency']:.2f} requests in flight on average, "
+            f"{expected} asked: the load was not applied"
+        )
     return problems, None
 
 
@@ -385,10 +473,16 @@ class Measured:
     unused_spec: list[dict[str, Any]] = field(default_factory=list)
 
 
-async def run_window(session: Any, target: Target, prompts: list[Prompt], p: BenchParams,
-                     concurrency: int, label: str,
-                     progress: Callable[[str], None] | None = None,
-                     every: float = 10.0) -> tuple[list[Outcome], float]:
+async def run_window(
+    session: Any,
+    target: Target,
+    prompts: list[Prompt],
+    p: BenchParams,
+    concurrency: int,
+    label: str,
+    progress: Callable[[str], None] | None = None,
+    every: float = 10.0,
+) -> tuple[list[Outcome], float]:
     """`requests` requests with at most `concurrency` in flight; every `every` seconds
     `progress` hears how far it is (a window at concurrency 128 on a big model takes long)."""
     gate = asyncio.Semaphore(concurrency)
@@ -404,22 +498,31 @@ async def run_window(session: Any, target: Target, prompts: list[Prompt], p: Ben
         while progress is not None:
             await asyncio.sleep(every)
             tokens = sum(o.output_tokens for o in done)
-            progress(f"{label}: {len(done)}/{p.requests} requests done, "
-                     f"{tokens / (time.perf_counter() - started):.1f} tok/s so far")
+            progress(
+                f"{label}: {len(done)}/{p.requests} requests done, "
+                f"{tokens / (time.perf_counter() - started):.1f} tok/s so far"
+            )
 
     started = time.perf_counter()
     reporter = asyncio.create_task(report())
     try:
-        outcomes = await asyncio.gather(*(limited(prompts[i % len(prompts)])
-                                          for i in range(p.requests)))
+        outcomes = await asyncio.gather(
+            *(limited(prompts[i % len(prompts)]) for i in range(p.requests))
+        )
     finally:
         reporter.cancel()
     return list(outcomes), time.perf_counter() - started
 
 
-async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, concurrency: int,
-                        k: int | None, progress: Callable[[str], None] | None = None,
-                        every: float = 10.0) -> Measured:
+async def measure_level(
+    target: Target,
+    prompts: list[Prompt],
+    p: BenchParams,
+    concurrency: int,
+    k: int | None,
+    progress: Callable[[str], None] | None = None,
+    every: float = 10.0,
+) -> Measured:
     """Warm-up, then windows until the last `min_windows` agree or `max_windows` were run."""
     import aiohttp
 
@@ -427,8 +530,7 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
     connector = aiohttp.TCPConnector(limit=concurrency)
     say = progress or (lambda _: None)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        warm = [one_request(session, target, prompts[i % len(prompts)], p)
-                for i in range(p.warmup)]
+        warm = [one_request(session, target, prompts[i % len(prompts)], p) for i in range(p.warmup)]
         for outcome in await asyncio.gather(*warm):
             if not outcome.ok:
                 raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
@@ -439,8 +541,9 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
             label = f"c={concurrency} window {number}"
             scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
             before = await asyncio.to_thread(_counters, target.url) if scrape else {}
-            outcomes, duration = await run_window(session, target, prompts, p, concurrency,
-                                                  label, progress, every)
+            outcomes, duration = await run_window(
+                session, target, prompts, p, concurrency, label, progress, every
+            )
             figures = summarize_level(concurrency, outcomes, duration)
             problems, fatal = window_problems(figures, outcomes, concurrency, p)
             if fatal:
@@ -456,17 +559,24 @@ async def measure_level(target: Target, prompts: list[Prompt], p: BenchParams, c
                 say(f"{label} thrown away: {'; '.join(problems)}")
                 continue
             kept.append(Window(outcomes, duration, figures, spec))
-            last = [w.figures["output_tok_s"] for w in kept[-p.min_windows:]]
+            last = [w.figures["output_tok_s"] for w in kept[-p.min_windows :]]
             settled = len(kept) >= p.min_windows and spread(last) <= p.stability
-            say(f"{label}: {figures['output_tok_s']:.1f} tok/s; "
-                + (f"the last {len(last)} agree within {spread(last):.1%}" if settled else
-                   f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"))
+            say(
+                f"{label}: {figures['output_tok_s']:.1f} tok/s; "
+                + (
+                    f"the last {len(last)} agree within {spread(last):.1%}"
+                    if settled
+                    else f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"
+                )
+            )
             if settled:
-                unused_spec += [w.spec for w in kept[:-p.min_windows] if w.spec]
-                return Measured(kept[-p.min_windows:], rejected, True, unused_spec)
+                unused_spec += [w.spec for w in kept[: -p.min_windows] if w.spec]
+                return Measured(kept[-p.min_windows :], rejected, True, unused_spec)
     if len(kept) < p.min_windows:
-        raise TaskError(f"c={concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
-                        f"{p.min_windows} needed: " + "; ".join(rejected))
+        raise TaskError(
+            f"c={concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
+            f"{p.min_windows} needed: " + "; ".join(rejected)
+        )
     return Measured(kept, rejected, False, unused_spec)
 
 
@@ -474,8 +584,9 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
     """The level: each headline figure the median of the windows with [min, max] as its
     interval; percentiles and counts over all the windows' requests pooled."""
     windows = measured.windows
-    level = summarize_level(concurrency, [o for w in windows for o in w.outcomes],
-                            sum(w.duration for w in windows))
+    level = summarize_level(
+        concurrency, [o for w in windows for o in w.outcomes], sum(w.duration for w in windows)
+    )
     interval: dict[str, list[float]] = {}
     for key in HEADLINE:
         values = [w.figures[key] for w in windows if w.figures[key] is not None]
@@ -483,11 +594,13 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
             level[key] = statistics.median(values)
             interval[key] = [min(values), max(values)]
     level.update(
-        windows=len(windows), stable=measured.stable,
+        windows=len(windows),
+        stable=measured.stable,
         spread=round(spread([w.figures["output_tok_s"] for w in windows]), 4),
-        interval=interval, rejected=measured.rejected,
-        per_window=[{key: w.figures[key] for key in (*HEADLINE, "duration_s")}
-                    for w in windows])
+        interval=interval,
+        rejected=measured.rejected,
+        per_window=[{key: w.figures[key] for key in (*HEADLINE, "duration_s")} for w in windows],
+    )
     if spec := combine([{"spec": w.spec} for w in windows if w.spec]):
         level["spec"] = spec
     if unused := combine([{"spec": s} for s in measured.unused_spec]):
@@ -497,25 +610,33 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
 
 # --- speculation ---------------------------------------------------------------------------------
 
+
 def vllm_spec_counters(url: str) -> dict[str, float]:
     """vLLM's spec-decode counters now (empty when speculation is off)."""
     samples = http.metric_samples(http.request(url + "/metrics").decode(), VLLM_SPEC)
     names = ("num_drafts", "num_draft_tokens", "num_accepted_tokens")
     out = {n: http.total(samples, f"{VLLM_SPEC}{n}_total") for n in names}
-    positions = {key.partition("position=")[2].split(",")[0].rstrip("}")
-                 for key in samples if key.startswith(f"{VLLM_SPEC}num_accepted_tokens_per_pos")}
+    positions = {
+        key.partition("position=")[2].split(",")[0].rstrip("}")
+        for key in samples
+        if key.startswith(f"{VLLM_SPEC}num_accepted_tokens_per_pos")
+    }
     for pos in sorted(positions, key=int):
-        out[f"pos{pos}"] = http.total(samples, f"{VLLM_SPEC}num_accepted_tokens_per_pos_total",
-                                      position=pos)
+        out[f"pos{pos}"] = http.total(
+            samples, f"{VLLM_SPEC}num_accepted_tokens_per_pos_total", position=pos
+        )
     return out if any(samples) else {}
 
 
 def acceptance(tau: float, k: float) -> dict[str, Any]:
     """tau with k, on one definition: strict rate (tau-1)/k and the per-token alpha."""
     k_int = round(k)
-    found: dict[str, Any] = {"accept_length": tau, "draft_tokens": k_int,
-                             "acceptance": strict_rate(tau, k_int),
-                             "acceptance_definition": "strict"}
+    found: dict[str, Any] = {
+        "accept_length": tau,
+        "draft_tokens": k_int,
+        "acceptance": strict_rate(tau, k_int),
+        "acceptance_definition": "strict",
+    }
     if 1.0 <= tau <= k_int + 1:
         found["alpha"] = alpha_from_tau(tau, k_int)
     return found
@@ -529,8 +650,10 @@ def vllm_acceptance(before: dict[str, float], after: dict[str, float]) -> dict[s
     accepted = d.get("num_accepted_tokens", 0.0)
     found = acceptance(1 + accepted / drafts, draft_tokens / drafts)
     found.update(drafts=int(drafts), proposed=int(draft_tokens), accepted=int(accepted))
-    per_pos = [d[key] / drafts for key in sorted((k for k in d if k.startswith("pos")),
-                                                 key=lambda k: int(k[3:]))]
+    per_pos = [
+        d[key] / drafts
+        for key in sorted((k for k in d if k.startswith("pos")), key=lambda k: int(k[3:]))
+    ]
     if per_pos:
         found["per_position"] = [round(x, 4) for x in per_pos]
     return found
@@ -568,13 +691,16 @@ def combine(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
 
 # --- the task ------------------------------------------------------------------------------------
 
+
 def resolve_target(ctx: Context, p: BenchParams) -> Target:
     server: dict[str, Any] = {}
     if p.server is not None:
         held = ctx.held(p.server)
         if held is None:
-            raise TaskError(f"no server {p.server!r} is running: its server.launch task must "
-                            "run first in this run (servers end with the run that started them)")
+            raise TaskError(
+                f"no server {p.server!r} is running: its server.launch task must "
+                "run first in this run (servers end with the run that started them)"
+            )
         server = held
     url = (p.url or server["url"]).rstrip("/")
     model = p.model or server.get("served_model")
@@ -587,8 +713,18 @@ def resolve_target(ctx: Context, p: BenchParams) -> Target:
 
 
 # What of a held server's record describes its settings (the rest is how to reach and end it).
-HANDLE_KEYS = {"supervisor", "unit", "pid", "marker", "log", "url", "grace", "flavour", "version",
-               "max_running_requests"}
+HANDLE_KEYS = {
+    "supervisor",
+    "unit",
+    "pid",
+    "marker",
+    "log",
+    "url",
+    "grace",
+    "flavour",
+    "version",
+    "max_running_requests",
+}
 
 
 class BenchServe(Task[BenchParams]):
@@ -609,10 +745,16 @@ class BenchServe(Task[BenchParams]):
             return (Section(f"Benchmark {result.value}", notes=(problem,)),)
         label = str(doc.get("label") or "benchmark")
         source = doc.get("source") or {}
-        return (Section(f"Benchmark: {label}", bench_figures(str(source.get("task") or label),
-                                                             [(label, doc)]),
-                        notes=(f"{result.value} (run {source.get('run')}, task "
-                               f"{source.get('task')}, {source.get('at')})",)),)
+        return (
+            Section(
+                f"Benchmark: {label}",
+                bench_figures(str(source.get("task") or label), [(label, doc)]),
+                notes=(
+                    f"{result.value} (run {source.get('run')}, task "
+                    f"{source.get('task')}, {source.get('at')})",
+                ),
+            ),
+        )
 
     def run(self, ctx: Context) -> None:
         p = self.params
@@ -624,8 +766,9 @@ class BenchServe(Task[BenchParams]):
         k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
         for concurrency in p.concurrency:
-            measured = asyncio.run(measure_level(target, prompts, p, concurrency, k,
-                                                 ctx.progress, p.progress_every))
+            measured = asyncio.run(
+                measure_level(target, prompts, p, concurrency, k, ctx.progress, p.progress_every)
+            )
             levels.append(merge_windows(concurrency, measured))
             ctx.progress(_level_line(levels[-1]))
         result = self.result(ctx, target, levels)
@@ -638,55 +781,94 @@ class BenchServe(Task[BenchParams]):
 
     def result(self, ctx: Context, target: Target, levels: list[dict[str, Any]]) -> dict[str, Any]:
         p = self.params
-        server = {"engine": target.engine, "version": target.server.get("version"),
-                  "max_running_requests": target.server.get("max_running_requests"),
-                  "settings": {key: value for key, value in sorted(target.server.items())
-                               if key not in HANDLE_KEYS and value is not None}}
+        server = {
+            "engine": target.engine,
+            "version": target.server.get("version"),
+            "max_running_requests": target.server.get("max_running_requests"),
+            "settings": {
+                key: value
+                for key, value in sorted(target.server.items())
+                if key not in HANDLE_KEYS and value is not None
+            },
+        }
         out: dict[str, Any] = {
             "schema": SCHEMA,
             "label": p.label or (f"{target.engine or 'server'} {target.model}"),
-            "source": {"run": ctx.run_id, "task": ctx.task_id,
-                       "at": datetime.now(UTC).isoformat(timespec="seconds")},
+            "source": {
+                "run": ctx.run_id,
+                "task": ctx.task_id,
+                "at": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
             "levels": levels,
             "server": {k: v for k, v in server.items() if v is not None},
-            "benchmark": {"tool": "orch bench.serve", "api": target.api,
-                          "dataset": p.dataset or (
-                              f"generated, {p.input_tokens} tokens" if p.input_tokens
-                              else f"generated, {p.input_words} words"),
-                          "output_tokens": p.output_tokens, "requests": p.requests,
-                          "warmup": p.warmup, "stability": p.stability,
-                          "min_windows": p.min_windows, "max_windows": p.max_windows,
-                          "temperature": p.temperature, "ignore_eos": p.ignore_eos},
+            "benchmark": {
+                "tool": "orch bench.serve",
+                "api": target.api,
+                "dataset": p.dataset
+                or (
+                    f"generated, {p.input_tokens} tokens"
+                    if p.input_tokens
+                    else f"generated, {p.input_words} words"
+                ),
+                "output_tokens": p.output_tokens,
+                "requests": p.requests,
+                "warmup": p.warmup,
+                "stability": p.stability,
+                "min_windows": p.min_windows,
+                "max_windows": p.max_windows,
+                "temperature": p.temperature,
+                "ignore_eos": p.ignore_eos,
+            },
         }
         if (spec := combine(levels)) is not None:
             spec.pop("per_position", None)
             out["spec"] = {"algorithm": target.server.get("algorithm"), **spec}
         return out
 
-    def record(self, ctx: Context, levels: list[dict[str, Any]], result: dict[str, Any],
-               path: Path) -> None:
+    def record(
+        self, ctx: Context, levels: list[dict[str, Any]], result: dict[str, Any], path: Path
+    ) -> None:
         for lv in levels:
             c = f"c{lv['concurrency']}"
-            ctx.finding(f"{c}.output_tok_s", round(lv["output_tok_s"], 1), "tok/s",
-                        _spread_note(lv, "output_tok_s"))
+            ctx.finding(
+                f"{c}.output_tok_s",
+                round(lv["output_tok_s"], 1),
+                "tok/s",
+                _spread_note(lv, "output_tok_s"),
+            )
             if lv["tpot_ms"] is not None:
-                ctx.finding(f"{c}.tpot_ms", round(lv["tpot_ms"], 2), "ms",
-                            _spread_note(lv, "tpot_ms"))
+                ctx.finding(
+                    f"{c}.tpot_ms", round(lv["tpot_ms"], 2), "ms", _spread_note(lv, "tpot_ms")
+                )
             if lv["ttft"]:
                 ctx.finding(f"{c}.ttft_p50_ms", round(lv["ttft"]["p50"], 1), "ms")
             ctx.finding(f"{c}.achieved_concurrency", round(lv["achieved_concurrency"], 2))
             if lv["rejected"]:
-                ctx.finding(f"{c}.rejected_windows", len(lv["rejected"]),
-                            note="; ".join(lv["rejected"])[:500])
+                ctx.finding(
+                    f"{c}.rejected_windows",
+                    len(lv["rejected"]),
+                    note="; ".join(lv["rejected"])[:500],
+                )
         peak = max(levels, key=lambda lv: lv["output_tok_s"])
-        ctx.finding("peak_output_tok_s", round(peak["output_tok_s"], 1), "tok/s",
-                    note=f"at c={peak['concurrency']}")
+        ctx.finding(
+            "peak_output_tok_s",
+            round(peak["output_tok_s"], 1),
+            "tok/s",
+            note=f"at c={peak['concurrency']}",
+        )
         if spec := result.get("spec"):
-            ctx.finding("accept_length", round(spec["accept_length"], 3),
-                        note=f"tau, tokens per verify step with k={spec['draft_tokens']}")
+            ctx.finding(
+                "accept_length",
+                round(spec["accept_length"], 3),
+                note=f"tau, tokens per verify step with k={spec['draft_tokens']}",
+            )
             ctx.finding("draft_tokens", spec["draft_tokens"])
-            ctx.finding("acceptance", round(spec["acceptance"], 4), "ratio",
-                        note="accepted/proposed drafts = (tau-1)/k")
+            ctx.finding(
+                "acceptance",
+                round(spec["acceptance"], 4),
+                "ratio",
+                note="accepted/proposed drafts = (tau-1)/k",
+            )
             if "alpha" in spec:
                 ctx.finding("alpha", round(spec["alpha"], 3), note="per-token acceptance")
         ctx.finding("result", str(path), note=SCHEMA)
@@ -710,14 +892,21 @@ def _counters(url: str) -> dict[str, float]:
 
 def _level_line(lv: dict[str, Any]) -> str:
     lo, hi = lv["interval"]["output_tok_s"]
-    latency = (f"TTFT p50 {lv['ttft']['p50']:.1f} ms, TPOT mean {lv['tpot_ms']:.2f} ms"
-               if lv["tpot_ms"] is not None and lv["ttft"] else "no TPOT: one-token answers")
-    line = (f"c={lv['concurrency']}: {lv['output_tok_s']:.1f} tok/s ({lo:.1f}-{hi:.1f} over "
-            f"{lv['windows']} windows{'' if lv['stable'] else ', UNSTABLE'}), achieved "
-            f"{lv['achieved_concurrency']:.1f}, {latency}, {lv['completed']} ok")
+    latency = (
+        f"TTFT p50 {lv['ttft']['p50']:.1f} ms, TPOT mean {lv['tpot_ms']:.2f} ms"
+        if lv["tpot_ms"] is not None and lv["ttft"]
+        else "no TPOT: one-token answers"
+    )
+    line = (
+        f"c={lv['concurrency']}: {lv['output_tok_s']:.1f} tok/s ({lo:.1f}-{hi:.1f} over "
+        f"{lv['windows']} windows{'' if lv['stable'] else ', UNSTABLE'}), achieved "
+        f"{lv['achieved_concurrency']:.1f}, {latency}, {lv['completed']} ok"
+    )
     if lv["rejected"]:
         line += f", {len(lv['rejected'])} window(s) thrown away"
     if spec := lv.get("spec"):
-        line += (f"; tau {spec['accept_length']:.2f} (k={spec['draft_tokens']}), "
-                 f"acceptance {spec['acceptance']:.1%}")
+        line += (
+            f"; tau {spec['accept_length']:.2f} (k={spec['draft_tokens']}), "
+            f"acceptance {spec['acceptance']:.1%}"
+        )
     return line

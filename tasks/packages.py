@@ -43,21 +43,27 @@ class InstallParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     requirement: str = Field(description="a PEP 508 requirement, e.g. 'sglang[all]==0.5.23'")
-    venv: str = Field(description="the virtual environment to install into (a directory; "
-                                  "relative paths are relative to orch's working directory)")
+    venv: str = Field(
+        description="the virtual environment to install into (a directory; "
+        "relative paths are relative to orch's working directory)"
+    )
     create: bool = Field(True, description="create the venv with `python -m venv` if missing")
     python: str | None = Field(
-        None, description="interpreter that creates the venv (default: orch's own)")
+        None, description="interpreter that creates the venv (default: orch's own)"
+    )
     import_name: str | None = Field(
-        None, pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$",
+        None,
+        pattern=r"^[A-Za-z_][A-Za-z0-9_.]*$",
         description="module to import (default: from the project name, else the one top-level "
-                    "module the distribution installs)")
+        "module the distribution installs)",
+    )
     index_url: str | None = None
     extra_index_url: StrList = []
     find_links: StrList = []
     no_index: bool = False
     installer: Literal["auto", "pip", "uv"] = Field(
-        "auto", description="auto: uv when it is on PATH, else the venv's pip")
+        "auto", description="auto: uv when it is on PATH, else the venv's pip"
+    )
 
     @field_validator("requirement")
     @classmethod
@@ -68,8 +74,10 @@ class InstallParams(BaseModel):
             first = str(exc).splitlines()[0] if str(exc) else "invalid"
             raise ValueError(f"{value!r} is not a PEP 508 requirement: {first}") from None
         if req.url:
-            raise ValueError("a URL requirement cannot be checked for 'already satisfied'; "
-                             "put the file in `find_links` and pin its version")
+            raise ValueError(
+                "a URL requirement cannot be checked for 'already satisfied'; "
+                "put the file in `find_links` and pin its version"
+            )
         if req.marker:
             raise ValueError("a marker makes no sense for one environment; use the task's `when`")
         return value
@@ -160,8 +168,11 @@ class Inventory:
                 dep = Requirement(line)
             except InvalidRequirement:
                 continue  # broken metadata is pip's to report, not a reason to reinstall
-            if dep.marker is not None and dep.marker.evaluate({**self.env, "extra": extra}) \
-                    and not dep.marker.evaluate({**self.env, "extra": ""}):
+            if (
+                dep.marker is not None
+                and dep.marker.evaluate({**self.env, "extra": extra})
+                and not dep.marker.evaluate({**self.env, "extra": ""})
+            ):
                 found.append(dep)
         return found
 
@@ -194,8 +205,15 @@ class PythonInstall(Task[InstallParams]):
             raise TaskError(f"{installer} finished, but {why_after}")
         self._verify(ctx, python, req, after, installer, note=why)
 
-    def _verify(self, ctx: Context, python: str, req: Requirement, inv: Inventory,
-                installer: str | None, note: str) -> None:
+    def _verify(
+        self,
+        ctx: Context,
+        python: str,
+        req: Requirement,
+        inv: Inventory,
+        installer: str | None,
+        note: str,
+    ) -> None:
         """Import the module in the target interpreter; record the findings."""
         module = self.params.import_name or _module_for(req.name, inv.top)
         ctx.progress(f"importing {module} in {python}")  # torch-sized imports take a while
@@ -205,10 +223,15 @@ class PythonInstall(Task[InstallParams]):
         if info.version is None:  # the inventory just saw it: something else is changing the venv
             raise TaskError(f"{req.name} vanished from {python}'s environment")
         if info.import_error:
-            hint = "" if self.params.import_name or module in inv.top or not inv.top else \
-                f" (set import_name; it installs: {', '.join(inv.top)})"
-            raise TaskError(f"{req.name} {info.version} is installed but `import {module}` fails: "
-                            f"{info.import_error[:300]}{hint}")
+            hint = (
+                ""
+                if self.params.import_name or module in inv.top or not inv.top
+                else f" (set import_name; it installs: {', '.join(inv.top)})"
+            )
+            raise TaskError(
+                f"{req.name} {info.version} is installed but `import {module}` fails: "
+                f"{info.import_error[:300]}{hint}"
+            )
         ctx.finding("version", info.version)
         ctx.finding("changed", installer is not None, note=note)
         if installer is not None:
@@ -226,8 +249,10 @@ def _environment(ctx: Context, p: InstallParams) -> str:
     if existed and (not venv.is_dir() or any(venv.iterdir())):
         # Never write into a directory that holds something else (or a venv whose base Python
         # is gone: its bin/python link is dangling).
-        raise TaskError(f"{venv} exists but is not a working virtual environment "
-                        f"(no {python.relative_to(venv)})")
+        raise TaskError(
+            f"{venv} exists but is not a working virtual environment "
+            f"(no {python.relative_to(venv)})"
+        )
     if not p.create:
         raise TaskError(f"no virtual environment at {venv} (create: false)")
     try:
@@ -256,8 +281,18 @@ def _installer_argv(p: InstallParams, python: str) -> tuple[str, list[str]]:
         name, argv = "uv", [uv, "pip", "install", f"--python={python}"]
     else:
         # No version check (a network call), no prompts, no progress bar redrawn into the log.
-        name, argv = "pip", [python, "-m", "pip", "install", "--disable-pip-version-check",
-                             "--no-input", "--progress-bar=off"]
+        name, argv = (
+            "pip",
+            [
+                python,
+                "-m",
+                "pip",
+                "install",
+                "--disable-pip-version-check",
+                "--no-input",
+                "--progress-bar=off",
+            ],
+        )
     if p.no_index:
         argv.append("--no-index")
     if p.index_url:
@@ -269,8 +304,13 @@ def _installer_argv(p: InstallParams, python: str) -> tuple[str, list[str]]:
 
 def _inventory(ctx: Context, python: str, project: str) -> Inventory:
     try:
-        out = subprocess.run([python, "-c", _INVENTORY, project], capture_output=True, text=True,
-                             timeout=_probe_timeout(ctx), stdin=subprocess.DEVNULL)
+        out = subprocess.run(
+            [python, "-c", _INVENTORY, project],
+            capture_output=True,
+            text=True,
+            timeout=_probe_timeout(ctx),
+            stdin=subprocess.DEVNULL,
+        )
     except subprocess.TimeoutExpired:
         raise TaskTimeout(f"{python} did not list its packages in time") from None
     except OSError as exc:
@@ -296,5 +336,3 @@ def _probe_timeout(ctx: Context) -> float:
     if remaining is not None and remaining <= 0:
         raise TaskTimeout("timed out")
     return PROBE_TIMEOUT if remaining is None else remaining
-
-

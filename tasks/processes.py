@@ -52,15 +52,17 @@ class ProcessStop(Task[StopParams]):
             return
         info = process_info(pid)
         victims = self.victims(pid)
-        ctx.progress(f"stopping pid {pid} ({info.label(80) if info else '?'}) and "
-                     f"{len(victims) - 1} more")
+        ctx.progress(
+            f"stopping pid {pid} ({info.label(80) if info else '?'}) and {len(victims) - 1} more"
+        )
         started = time.monotonic()
         terminate_pids(victims, p.grace)
         took = time.monotonic() - started
         left = [v for v in victims if is_alive(v)]
         if left:
-            raise TaskError(f"processes {left} survived SIGKILL (stuck in the kernel? "
-                            "see /proc/PID/stack)")
+            raise TaskError(
+                f"processes {left} survived SIGKILL (stuck in the kernel? see /proc/PID/stack)"
+            )
         if p.port is not None and listeners(p.port):
             raise TaskError(f"port {p.port} is still in use after stopping pid {pid}")
         ctx.finding("stopped", True, note=info.label(80) if info else None)

@@ -61,17 +61,24 @@ class Speculative(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: str = Field(description="SGLang: EAGLE3, EAGLE, NGRAM, ...; vLLM method: eagle3, "
-                                       "draft_model, ngram, ...")
+    algorithm: str = Field(
+        description="SGLang: EAGLE3, EAGLE, NGRAM, ...; vLLM method: eagle3, "
+        "draft_model, ngram, ..."
+    )
     draft_model: str | None = None
     draft_tokens: int | None = Field(
-        None, ge=1, description="k: drafts per verify step (SGLang --speculative-num-steps with "
-                                "topk 1; vLLM num_speculative_tokens)")
+        None,
+        ge=1,
+        description="k: drafts per verify step (SGLang --speculative-num-steps with "
+        "topk 1; vLLM num_speculative_tokens)",
+    )
     topk: int = Field(1, ge=1, description="SGLang --speculative-eagle-topk")
     num_draft_tokens: int | None = Field(
-        None, ge=2, description="SGLang --speculative-num-draft-tokens; k+1 when topk is 1")
+        None, ge=2, description="SGLang --speculative-num-draft-tokens; k+1 when topk is 1"
+    )
     config: dict[str, Any] = Field(
-        {}, description="vLLM: more keys of --speculative-config (prompt_lookup_max, ...)")
+        {}, description="vLLM: more keys of --speculative-config (prompt_lookup_max, ...)"
+    )
 
     @model_validator(mode="after")
     def _tree(self) -> Speculative:
@@ -96,12 +103,15 @@ class LaunchParams(BaseModel):
     port: int = Field(ge=1, le=65535)
     tensor_parallel: int = Field(1, ge=1)
     max_running_requests: int | None = Field(
-        None, ge=1, description="SGLang --max-running-requests, vLLM --max-num-seqs")
+        None, ge=1, description="SGLang --max-running-requests, vLLM --max-num-seqs"
+    )
     speculative: Speculative | None = None
     extra_args: Argv = []
     launcher: Argv | None = Field(
-        None, description="argv before the flags (vllm: [vllm, serve]; sglang: [python3, -m, "
-                          "sglang.launch_server]): the venv's interpreter, say")
+        None,
+        description="argv before the flags (vllm: [vllm, serve]; sglang: [python3, -m, "
+        "sglang.launch_server]): the venv's interpreter, say",
+    )
     command: Argv | None = Field(None, description="flavour command: the whole argv")
     env: dict[str, str] = {}
     cwd: str | None = None
@@ -118,12 +128,15 @@ class LaunchParams(BaseModel):
             if not self.command:
                 raise ValueError("flavour command needs `command`: the server's argv")
             if self.model or self.speculative or self.launcher:
-                raise ValueError("flavour command takes `command` only, not model, speculative "
-                                 "or launcher: put them in the argv")
+                raise ValueError(
+                    "flavour command takes `command` only, not model, speculative "
+                    "or launcher: put them in the argv"
+                )
         else:
             if self.command:
-                raise ValueError(f"flavour {self.flavour} renders its command; `command` is for "
-                                 "flavour command")
+                raise ValueError(
+                    f"flavour {self.flavour} renders its command; `command` is for flavour command"
+                )
             if not self.model:
                 raise ValueError(f"flavour {self.flavour} needs `model`")
         return self
@@ -161,8 +174,15 @@ def render(p: LaunchParams) -> list[str]:
                 config["num_speculative_tokens"] = spec.draft_tokens
             argv += ["--speculative-config", json.dumps({**config, **spec.config})]
         return [*argv, *p.extra_args]
-    argv = [*launcher, "--model-path", p.model, *common, "--tp-size", str(p.tensor_parallel),
-            "--enable-metrics"]
+    argv = [
+        *launcher,
+        "--model-path",
+        p.model,
+        *common,
+        "--tp-size",
+        str(p.tensor_parallel),
+        "--enable-metrics",
+    ]
     if p.max_running_requests:
         argv += ["--max-running-requests", str(p.max_running_requests)]
     if spec:
@@ -170,9 +190,14 @@ def render(p: LaunchParams) -> list[str]:
         if spec.draft_model:
             argv += ["--speculative-draft-model-path", spec.draft_model]
         if spec.draft_tokens:  # all three or none: SGLang asserts on a partial set
-            argv += ["--speculative-num-steps", str(spec.draft_tokens),
-                     "--speculative-eagle-topk", str(spec.topk),
-                     "--speculative-num-draft-tokens", str(spec.verify_tokens)]
+            argv += [
+                "--speculative-num-steps",
+                str(spec.draft_tokens),
+                "--speculative-eagle-topk",
+                str(spec.topk),
+                "--speculative-num-draft-tokens",
+                str(spec.verify_tokens),
+            ]
     return [*argv, *p.extra_args]
 
 
@@ -193,17 +218,28 @@ class _Unit:
         return {"supervisor": "systemd", "unit": unit}
 
     @staticmethod
-    def start(handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path,
-              cwd: str) -> dict[str, Any]:
+    def start(
+        handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path, cwd: str
+    ) -> dict[str, Any]:
         unit = handle["unit"]
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **p.env}
-        cmd = ["systemd-run", "--quiet", "--collect", f"--unit={unit}",
-               "--property=KillMode=mixed", f"--property=TimeoutStopSec={int(p.stop_timeout)}s",
-               f"--property=StandardOutput=append:{log}", "--property=StandardError=inherit",
-               f"--working-directory={cwd}",
-               *[f"--setenv={k}={v}" for k, v in env.items()], "--", *argv]
-        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                              timeout=60)
+        cmd = [
+            "systemd-run",
+            "--quiet",
+            "--collect",
+            f"--unit={unit}",
+            "--property=KillMode=mixed",
+            f"--property=TimeoutStopSec={int(p.stop_timeout)}s",
+            f"--property=StandardOutput=append:{log}",
+            "--property=StandardError=inherit",
+            f"--working-directory={cwd}",
+            *[f"--setenv={k}={v}" for k, v in env.items()],
+            "--",
+            *argv,
+        ]
+        done = subprocess.run(
+            cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60
+        )
         if done.returncode != 0:
             raise TaskError(f"systemd-run failed: {done.stderr.strip() or done.returncode}")
         return handle
@@ -212,7 +248,10 @@ class _Unit:
     def alive(handle: dict[str, Any]) -> bool:
         state = read_unit(handle["unit"])
         return isinstance(state, UnitState) and state.active_state in (
-            "active", "activating", "reloading")
+            "active",
+            "activating",
+            "reloading",
+        )
 
     @staticmethod
     def main_pid(handle: dict[str, Any]) -> int | None:
@@ -245,20 +284,30 @@ class _Group:
 
     @staticmethod
     def name(name: str, ctx: Context) -> dict[str, Any]:
-        return {"supervisor": "process", "marker": f"{name}@{ctx.run_id}:{secrets.token_hex(4)}",
-                "pid": None}
+        return {
+            "supervisor": "process",
+            "marker": f"{name}@{ctx.run_id}:{secrets.token_hex(4)}",
+            "pid": None,
+        }
 
     @staticmethod
-    def start(handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path,
-              cwd: str) -> dict[str, Any]:
+    def start(
+        handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path, cwd: str
+    ) -> dict[str, Any]:
         box = _jail(handle)
         with log.open("ab") as out:
             try:
                 proc = subprocess.Popen(
-                    box.wrap(argv), stdout=out, stderr=subprocess.STDOUT,
-                    stdin=subprocess.DEVNULL, cwd=cwd,
+                    box.wrap(argv),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    cwd=cwd,
                     env={**os.environ, **p.env, "ORCH_SERVER": handle["marker"]},
-                    start_new_session=True, preexec_fn=box.prepare(), umask=user_umask())
+                    start_new_session=True,
+                    preexec_fn=box.prepare(),
+                    umask=user_umask(),
+                )
             except OSError as exc:
                 raise TaskError(f"cannot start {argv[0]}: {exc.strerror}") from None
         _children[proc.pid] = proc
@@ -285,8 +334,10 @@ class _Group:
         if not ended:
             return f"server {handle['marker']} had already exited"
         count = plural(len(ended), "process", "processes")
-        return (f"ended pid {pid} and every process it spawned ({count}: "
-                f"{', '.join(map(str, ended))}) in {time.monotonic() - started:.1f}s")
+        return (
+            f"ended pid {pid} and every process it spawned ({count}: "
+            f"{', '.join(map(str, ended))}) in {time.monotonic() - started:.1f}s"
+        )
 
 
 def _jail(handle: dict[str, Any]) -> Jail:
@@ -305,12 +356,15 @@ def _supervise(p: LaunchParams, name: str, ctx: Context) -> dict[str, Any]:
     if p.supervisor == "systemd" and (why := systemd_unavailable()):
         raise TaskError(f"supervisor systemd: {why}")
     use_systemd = p.supervisor == "systemd" or (
-        p.supervisor == "auto" and systemd_unavailable() is None
-        and shutil.which("systemd-run") is not None)
+        p.supervisor == "auto"
+        and systemd_unavailable() is None
+        and shutil.which("systemd-run") is not None
+    )
     return (_Unit if use_systemd else _Group).name(name, ctx)
 
 
 # --- readiness -----------------------------------------------------------------------------------
+
 
 class _GpuMemory:
     """Total GPU memory in use, for progress; silent where there is no GPU."""
@@ -328,8 +382,10 @@ class _GpuMemory:
             return ""
         used = sum(g.used_bytes for g in snap.gpus)
         self.first = used if self.first is None else self.first
-        return (f"; GPU memory used {used / 2**30:.1f} GiB "
-                f"({(used - self.first) / 2**30:+.1f} since launch)")
+        return (
+            f"; GPU memory used {used / 2**30:.1f} GiB "
+            f"({(used - self.first) / 2**30:+.1f} since launch)"
+        )
 
     def close(self) -> None:
         if self.nvml is not None:
@@ -350,8 +406,9 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
         while True:
             if not supervisor(handle).alive(handle):
                 lines = "\n".join(tail(log, LOG_TAIL_LINES))
-                raise TaskError(f"the server exited while loading ({stage}); its log {log} "
-                                f"ends:\n{lines}")
+                raise TaskError(
+                    f"the server exited while loading ({stage}); its log {log} ends:\n{lines}"
+                )
             try:
                 _probe(p)
                 return time.monotonic() - started
@@ -359,11 +416,15 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
                 stage = str(exc)
             now = time.monotonic()
             if now >= deadline:
-                raise TaskError(f"not ready after {now - started:.0f}s ({stage}); last log line: "
-                                f"{last_line(log)}")
+                raise TaskError(
+                    f"not ready after {now - started:.0f}s ({stage}); last log line: "
+                    f"{last_line(log)}"
+                )
             if now >= next_note:
-                ctx.progress(f"loading for {now - started:.0f}s ({stage}){gpu.describe()}; "
-                             f"log: {last_line(log, limit=120)}")
+                ctx.progress(
+                    f"loading for {now - started:.0f}s ({stage}){gpu.describe()}; "
+                    f"log: {last_line(log, limit=120)}"
+                )
                 next_note = now + p.progress_every
             time.sleep(0.5)
     finally:
@@ -379,8 +440,11 @@ def _probe(p: LaunchParams) -> None:
     if name not in ids:
         raise http.Unreachable(f"/v1/models lists {ids}, not {name!r} yet")
     if p.check_completion:
-        http.request_json(p.url + "/v1/completions", {
-            "model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0}, timeout=60)
+        http.request_json(
+            p.url + "/v1/completions",
+            {"model": name, "prompt": "Hello", "max_tokens": 1, "temperature": 0},
+            timeout=60,
+        )
 
 
 def _resolved(p: LaunchParams) -> dict[str, Any]:
@@ -398,8 +462,14 @@ def _resolved(p: LaunchParams) -> dict[str, Any]:
                 break
         else:
             return found
-        for key in ("max_running_requests", "speculative_algorithm", "speculative_num_steps",
-                    "speculative_eagle_topk", "speculative_num_draft_tokens", "version"):
+        for key in (
+            "max_running_requests",
+            "speculative_algorithm",
+            "speculative_num_steps",
+            "speculative_eagle_topk",
+            "speculative_num_draft_tokens",
+            "version",
+        ):
             if info.get(key) is not None:
                 found[key] = info[key]
     elif p.flavour == "vllm":
@@ -412,6 +482,7 @@ def _resolved(p: LaunchParams) -> dict[str, Any]:
 
 # --- the tasks -----------------------------------------------------------------------------------
 
+
 class ServerLaunch(Task[LaunchParams]):
     """Start an inference server, wait until it serves, keep it running for later tasks."""
 
@@ -422,26 +493,36 @@ class ServerLaunch(Task[LaunchParams]):
         name = p.name or ctx.task_id
         if taken := listeners(p.port):
             who = taken[0].process
-            raise TaskError(f"port {p.port} is already in use by "
-                            f"{who.label() if who else 'a process this user cannot see'}: "
-                            "stop it first (server.stop, systemd.stop)")
+            raise TaskError(
+                f"port {p.port} is already in use by "
+                f"{who.label() if who else 'a process this user cannot see'}: "
+                "stop it first (server.stop, systemd.stop)"
+            )
         if p.flavour == "sglang" and p.speculative and p.max_running_requests is None:
-            ctx.progress("SGLang caps running requests at 48 in speculative mode unless "
-                         "max_running_requests is set (serving-reference.md 1.2)")
+            ctx.progress(
+                "SGLang caps running requests at 48 in speculative mode unless "
+                "max_running_requests is set (serving-reference.md 1.2)"
+            )
         argv = render(p)
         log = (ctx.log_path.parent / f"{name}.server.log").resolve()
         ctx.log(f"$ {' '.join(argv)}\n(server output: {log})")
         spec = p.speculative
-        held = {"url": p.url, "flavour": p.flavour, "log": str(log),
-                "served_model": p.served_name, "grace": p.stop_timeout,
-                "draft_tokens": spec.draft_tokens if spec else None,
-                "algorithm": spec.algorithm if spec else None,
-                "draft_model": spec.draft_model if spec else None}
+        held = {
+            "url": p.url,
+            "flavour": p.flavour,
+            "log": str(log),
+            "served_model": p.served_name,
+            "grace": p.stop_timeout,
+            "draft_tokens": spec.draft_tokens if spec else None,
+            "algorithm": spec.algorithm if spec else None,
+            "draft_model": spec.draft_model if spec else None,
+        }
         handle = _supervise(p, name, ctx)
         ctx.hold(name, {**held, **handle})  # committed before the start: never unaccounted for
         try:
-            handle = supervisor(handle).start(handle, p, argv, log,
-                                              str(Path(p.cwd or ".").resolve()))
+            handle = supervisor(handle).start(
+                handle, p, argv, log, str(Path(p.cwd or ".").resolve())
+            )
         except TaskError:
             ctx.release(name)
             raise
@@ -496,8 +577,11 @@ class ServerStop(Task[StopParams]):
     def run(self, ctx: Context) -> None:
         handle = ctx.held(self.params.server)
         if handle is None:
-            ctx.finding("stopped", False, note=f"no server {self.params.server!r} is running "
-                                               "(already stopped)")
+            ctx.finding(
+                "stopped",
+                False,
+                note=f"no server {self.params.server!r} is running (already stopped)",
+            )
             return
         started = time.monotonic()
         done = _stop_all(handle, self.params.timeout)

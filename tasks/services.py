@@ -52,11 +52,15 @@ class UnitParams(BaseModel):
 
     unit: UnitName = Field(description="unit name; `.service` is added when no type is given")
     timeout: Duration | None = Field(
-        None, description="how long to wait for the job, e.g. 2m (default: the unit's own "
-                          "TimeoutStopSec / TimeoutStartSec plus 30s)")
+        None,
+        description="how long to wait for the job, e.g. 2m (default: the unit's own "
+        "TimeoutStopSec / TimeoutStartSec plus 30s)",
+    )
     kill_leftovers: bool = Field(
-        False, description="end processes left in the unit's control group after it stopped "
-                           "(SIGTERM, SIGKILL after 10s) instead of failing")
+        False,
+        description="end processes left in the unit's control group after it stopped "
+        "(SIGTERM, SIGKILL after 10s) instead of failing",
+    )
 
 
 class _UnitJob(Task[UnitParams]):
@@ -92,8 +96,10 @@ class _UnitJob(Task[UnitParams]):
         never later than the task's own timeout."""
         own = self.params.timeout
         if own is None:
-            spans = [before.timeout_stop if self.verb != "start" else 0.0,
-                     before.timeout_start if self.verb != "stop" else 0.0]
+            spans = [
+                before.timeout_stop if self.verb != "start" else 0.0,
+                before.timeout_start if self.verb != "stop" else 0.0,
+            ]
             own = None if None in spans else sum(s or 0.0 for s in spans) + MARGIN
         limits = [x for x in (own, ctx.remaining()) if x is not None]
         return time.monotonic() + min(limits) if limits else None
@@ -115,8 +121,10 @@ class SystemdStop(_UnitJob):
     def verify(self, ctx: Context, before: UnitState, after: UnitState, took: float) -> None:
         note = None
         if after.result == "timeout":
-            note = (f"SIGTERM was not enough: systemd sent SIGKILL after TimeoutStopSec="
-                    f"{_span(before.timeout_stop)}")
+            note = (
+                f"SIGTERM was not enough: systemd sent SIGKILL after TimeoutStopSec="
+                f"{_span(before.timeout_stop)}"
+            )
         elif after.main_exit() and after.active_state == "failed":
             note = f"main process {after.main_exit()}"
         elif after.load_state == "not-found":
@@ -126,8 +134,10 @@ class SystemdStop(_UnitJob):
         if after.result == "timeout":
             ctx.progress(f"{after.unit} stopped: {note}")
         if after.active_state not in STOPPED:
-            raise TaskError(f"{after.describe()} after the stop: something started it again "
-                            "(a socket, a timer or a unit that needs it?)")
+            raise TaskError(
+                f"{after.describe()} after the stop: something started it again "
+                "(a socket, a timer or a unit that needs it?)"
+            )
         _check_cgroup_empty(ctx, self.params, after, after.processes or ())
 
 
@@ -160,8 +170,11 @@ class SystemdRestart(_UnitJob):
         _check_started(ctx, after, took, self.verb)
         # Same pid and same start time: the very process of the previous instance.
         old = {p.pid: process_start_time(p.pid) for p in before.processes or ()}
-        survivors = [p for p in after.processes or ()
-                     if p.pid in old and old[p.pid] == process_start_time(p.pid)]
+        survivors = [
+            p
+            for p in after.processes or ()
+            if p.pid in old and old[p.pid] == process_start_time(p.pid)
+        ]
         _check_cgroup_empty(ctx, self.params, after, survivors, "of the previous instance ")
 
 
@@ -179,8 +192,9 @@ def _queue(ctx: Context, verb: str, unit: str) -> None:
     result = ctx.run(argv, success_codes=range(256))
     if result.returncode != 0:
         said = [ln for ln in result.lines() if ln.strip()]
-        raise TaskError(said[-1] if said else f"systemctl {verb} {unit} exited with "
-                                              f"{result.describe()}")
+        raise TaskError(
+            said[-1] if said else f"systemctl {verb} {unit} exited with {result.describe()}"
+        )
 
 
 def _wait(ctx: Context, before: UnitState, verb: str, deadline: float | None) -> UnitState:
@@ -197,13 +211,22 @@ def _wait(ctx: Context, before: UnitState, verb: str, deadline: float | None) ->
             raise TaskError(probe.describe())
         if isinstance(probe, UnitNotFound):
             if verb != "stop":
-                raise TaskError(f"{unit} disappeared during the {verb}: a transient unit that "
-                                f"failed and was collected? see `journalctl -u {unit}`")
+                raise TaskError(
+                    f"{unit} disappeared during the {verb}: a transient unit that "
+                    f"failed and was collected? see `journalctl -u {unit}`"
+                )
             # A transient unit (systemd-run --collect) is unloaded once stopped; systemd
             # collects no unit whose cgroup still holds processes, but look at it anyway.
             return dataclasses.replace(
-                before, load_state="not-found", active_state="inactive", sub_state="dead",
-                main_pid=0, job="", result="", processes=cgroup_processes(before.control_group))
+                before,
+                load_state="not-found",
+                active_state="inactive",
+                sub_state="dead",
+                main_pid=0,
+                job="",
+                result="",
+                processes=cgroup_processes(before.control_group),
+            )
         state = probe
         if state.state != last:
             ctx.log(state.describe())
@@ -214,10 +237,14 @@ def _wait(ctx: Context, before: UnitState, verb: str, deadline: float | None) ->
         if deadline is not None and now >= deadline:
             hint = ""
             if verb != "start" and state.active_state == "deactivating":
-                hint = (f"; systemd sends SIGKILL after TimeoutStopSec={_span(state.timeout_stop)}"
-                        " and its job goes on")
-            raise TaskTimeout(f"{verb} of {unit} did not finish within {now - started:.1f}s: "
-                              f"{state.describe()}{hint}")
+                hint = (
+                    f"; systemd sends SIGKILL after TimeoutStopSec={_span(state.timeout_stop)}"
+                    " and its job goes on"
+                )
+            raise TaskTimeout(
+                f"{verb} of {unit} did not finish within {now - started:.1f}s: "
+                f"{state.describe()}{hint}"
+            )
         if now >= next_note:
             ctx.progress(f"waiting for {unit} to {verb}: {state.state} for {now - started:.0f}s")
             next_note = now + PROGRESS_EVERY
@@ -235,13 +262,20 @@ def _check_started(ctx: Context, after: UnitState, took: float, verb: str) -> No
     if after.active_state == "active" or ran_once:
         return
     how = after.main_exit()
-    raise TaskError(f"{after.unit} failed to {verb}: {after.describe()}"
-                    f"{'; main process ' + how if how else ''}; "
-                    f"see `journalctl -u {after.unit}`")
+    raise TaskError(
+        f"{after.unit} failed to {verb}: {after.describe()}"
+        f"{'; main process ' + how if how else ''}; "
+        f"see `journalctl -u {after.unit}`"
+    )
 
 
-def _check_cgroup_empty(ctx: Context, params: UnitParams, state: UnitState,
-                        left: tuple[UnitProcess, ...] | list[UnitProcess], whose: str = "") -> None:
+def _check_cgroup_empty(
+    ctx: Context,
+    params: UnitParams,
+    state: UnitState,
+    left: tuple[UnitProcess, ...] | list[UnitProcess],
+    whose: str = "",
+) -> None:
     """Fail, or with kill_leftovers end them, when processes remain that must be gone."""
     if state.processes is None:
         ctx.progress(f"warning: cannot read the control group of {state.unit}; not verified")
@@ -256,25 +290,31 @@ def _check_cgroup_empty(ctx: Context, params: UnitParams, state: UnitState,
     why = f" (KillMode={state.kill_mode})" if state.children_survive_stop else ""
     if not params.kill_leftovers:
         ctx.finding("leftovers", len(left), note=listing[:300])
-        raise TaskError(f"{state.unit} is {state.state}, but {count} {whose}in its "
-                        f"control group {state.control_group}{why}: {listing[:300]}; end them "
-                        "with `kill_leftovers: true` or fix the unit's KillMode")
+        raise TaskError(
+            f"{state.unit} is {state.state}, but {count} {whose}in its "
+            f"control group {state.control_group}{why}: {listing[:300]}; end them "
+            "with `kill_leftovers: true` or fix the unit's KillMode"
+        )
     ctx.progress(f"ending what remains {whose}in {state.control_group}{why}: {listing[:300]}")
     pids = [p.pid for p in left]
     terminate_pids(pids, LEFTOVER_GRACE)
     alive = [p for p in left if is_alive(p.pid)]
     ctx.finding("leftovers", len(left), note=f"ended: {listing[:300]}")
     if alive:
-        raise TaskError(f"{len(alive)} process(es) in {state.control_group} survived SIGKILL: "
-                        + "; ".join(str(p) for p in alive))
+        raise TaskError(
+            f"{len(alive)} process(es) in {state.control_group} survived SIGKILL: "
+            + "; ".join(str(p) for p in alive)
+        )
     if state.active_state in STOPPED:
         ctx.finding("cgroup", "empty")
 
 
 def _warn_kill_mode(ctx: Context, state: UnitState) -> None:
     """KillMode=process/none: a stop ends the main process only (systemd.kill(5))."""
-    text = (f"stopping {state.unit} leaves its main process's children running "
-            "(use KillMode=mixed or control-group)")
+    text = (
+        f"stopping {state.unit} leaves its main process's children running "
+        "(use KillMode=mixed or control-group)"
+    )
     ctx.progress(f"warning: KillMode={state.kill_mode}: {text}")
     ctx.finding("kill_mode", state.kill_mode, note=f"warning: {text}")
 
@@ -296,10 +336,13 @@ class UnitCheckParams(BaseModel):
 
     unit: UnitName
     state: Annotated[list[ActiveState] | None, BeforeValidator(as_list)] = Field(
-        None, description="the ActiveState wanted, or a list of those accepted")
+        None, description="the ActiveState wanted, or a list of those accepted"
+    )
     load: LoadState | None = Field(
-        None, description="the LoadState wanted, e.g. loaded, not-found; with neither this nor "
-                          "`state`, the check holds when the unit exists")
+        None,
+        description="the LoadState wanted, e.g. loaded, not-found; with neither this nor "
+        "`state`, the check holds when the unit exists",
+    )
 
 
 class UnitInState(Precondition[UnitCheckParams]):
@@ -316,9 +359,10 @@ class UnitInState(Precondition[UnitCheckParams]):
         if isinstance(probe, UnitNotFound):
             ok = p.load == "not-found" and (wanted is None or "inactive" in wanted)
             return CheckResult(ok, probe.describe())
-        ok = ((p.load is None or probe.load_state == p.load)
-              and (wanted is None or probe.active_state in wanted))
-        want = ", ".join(w for w in (" or ".join(wanted or []), p.load and f"load state {p.load}")
-                         if w)
+        ok = (p.load is None or probe.load_state == p.load) and (
+            wanted is None or probe.active_state in wanted
+        )
+        want = ", ".join(
+            w for w in (" or ".join(wanted or []), p.load and f"load state {p.load}") if w
+        )
         return CheckResult(ok, probe.describe() + ("" if ok else f" (wanted: {want})"))
-

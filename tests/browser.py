@@ -43,8 +43,13 @@ class _Cdp:
     """One DevTools session on the browser's websocket: the browser's own (session None) or a
     page's (flatten=True). Events of every session are kept in one shared list."""
 
-    def __init__(self, ws: aiohttp.ClientWebSocketResponse, events: list[dict[str, Any]],
-                 counter: list[int], session: str | None = None) -> None:
+    def __init__(
+        self,
+        ws: aiohttp.ClientWebSocketResponse,
+        events: list[dict[str, Any]],
+        counter: list[int],
+        session: str | None = None,
+    ) -> None:
         self.ws, self.events, self.counter, self.session = ws, events, counter, session
 
     def page(self, session: str) -> _Cdp:
@@ -78,8 +83,9 @@ async def _view(ws_url: str, url: str) -> PageView:
     async with aiohttp.ClientSession() as http, http.ws_connect(ws_url, max_msg_size=0) as ws:
         browser = _Cdp(ws, [], [0])
         target = await browser.call("Target.createTarget", url="about:blank")
-        attached = await browser.call("Target.attachToTarget", targetId=target["targetId"],
-                                      flatten=True)
+        attached = await browser.call(
+            "Target.attachToTarget", targetId=target["targetId"], flatten=True
+        )
         page = browser.page(attached["sessionId"])
         for domain in ("Page", "Runtime", "Log"):
             await page.call(f"{domain}.enable")
@@ -94,10 +100,12 @@ async def _view(ws_url: str, url: str) -> PageView:
                 view.errors.append(str(params.get("exceptionDetails", {}).get("text")))
             elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
                 view.errors.append(str(params["entry"].get("text")))
-        probe = ("JSON.stringify({title: document.title, images: Array.from(document.images)"
-                 ".map(i => {const r = i.getBoundingClientRect(); return {alt: i.alt, complete:"
-                 " i.complete, width: i.naturalWidth, height: i.naturalHeight, x: r.x + "
-                 "window.scrollX, y: r.y + window.scrollY, w: r.width, h: r.height}})})")
+        probe = (
+            "JSON.stringify({title: document.title, images: Array.from(document.images)"
+            ".map(i => {const r = i.getBoundingClientRect(); return {alt: i.alt, complete:"
+            " i.complete, width: i.naturalWidth, height: i.naturalHeight, x: r.x + "
+            "window.scrollX, y: r.y + window.scrollY, w: r.width, h: r.height}})})"
+        )
         got = await page.call("Runtime.evaluate", expression=probe, returnByValue=True)
         data = json.loads(got["result"]["value"])
         view.title, view.images = data["title"], data["images"]
@@ -105,10 +113,14 @@ async def _view(ws_url: str, url: str) -> PageView:
         view.screenshot = base64.b64decode(shot["data"])
         for image in view.images:
             if image["w"] and image["h"]:
-                clip = {k: image[k[0]] for k in ("x", "y")} | {"width": image["w"],
-                                                             "height": image["h"], "scale": 1}
-                part = await page.call("Page.captureScreenshot", format="png", clip=clip,
-                                       captureBeyondViewport=True)
+                clip = {k: image[k[0]] for k in ("x", "y")} | {
+                    "width": image["w"],
+                    "height": image["h"],
+                    "scale": 1,
+                }
+                part = await page.call(
+                    "Page.captureScreenshot", format="png", clip=clip, captureBeyondViewport=True
+                )
                 image["shot"] = base64.b64decode(part["data"])
         return view
 
@@ -121,10 +133,22 @@ def open_page(url: str, timeout: float = 90) -> PageView:
     errors = Path(profile, "stderr.log")
     with errors.open("w") as err:
         proc = subprocess.Popen(
-            [binary, "--headless=new", "--no-sandbox", "--disable-gpu", "--no-first-run",
-             "--disable-extensions", "--remote-debugging-port=0", f"--user-data-dir={profile}",
-             "--window-size=1200,900", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
+            [
+                binary,
+                "--headless=new",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-extensions",
+                "--remote-debugging-port=0",
+                f"--user-data-dir={profile}",
+                "--window-size=1200,900",
+                "about:blank",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         ws_url, end = None, time.monotonic() + 60
         while ws_url is None and time.monotonic() < end and proc.poll() is None:

@@ -62,8 +62,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     something was left in /tmp outside the session's own temporary folder."""
     _end_leftover_processes(session)
     if left_in_tmp := _tmp_leftovers():
-        sys.stderr.write(f"\nleft in {SESSION_TMP.parent} by the tests (TMPDIR not honoured?):"
-                         f" {', '.join(left_in_tmp)}\n")
+        sys.stderr.write(
+            f"\nleft in {SESSION_TMP.parent} by the tests (TMPDIR not honoured?):"
+            f" {', '.join(left_in_tmp)}\n"
+        )
         if not os.environ.get("ORCH_TEST_SHARED_TMP"):
             session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -82,16 +84,27 @@ def _end_leftover_processes(session: pytest.Session) -> None:
         except OSError:
             names.append(str(pid))
     terminate_pids(left, grace=2.0)
-    sys.stderr.write("\nprocesses started by the tests outlived them (now ended):\n  "
-                     + "\n  ".join(names) + "\n")
+    sys.stderr.write(
+        "\nprocesses started by the tests outlived them (now ended):\n  "
+        + "\n  ".join(names)
+        + "\n"
+    )
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
-def run_orch(*args: str | Path, cwd: Path | None = None, timeout: float = 60,
-             env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_orch(
+    *args: str | Path,
+    cwd: Path | None = None,
+    timeout: float = 60,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     """`orch ARGS` as a user runs it: a real process, NO_COLOR for stable text."""
     return subprocess.run(
-        [ORCH, *map(str, args)], cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        [ORCH, *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "NO_COLOR": "1", **(env or {})},
     )
 
@@ -99,8 +112,13 @@ def run_orch(*args: str | Path, cwd: Path | None = None, timeout: float = 60,
 def start_orch(*args: str | Path, cwd: Path | None = None) -> subprocess.Popen[str]:
     """`orch ARGS` in the background, in its own session (as a terminal job would be)."""
     return subprocess.Popen(
-        [ORCH, *map(str, args)], cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env={**os.environ, "NO_COLOR": "1"}, start_new_session=True,
+        [ORCH, *map(str, args)],
+        cwd=cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        start_new_session=True,
     )
 
 
@@ -174,9 +192,13 @@ class PlanDir:
 
     def transitions(self, task_id: str, plan_name: str = "t") -> list[tuple[str | None, str]]:
         with self.db(plan_name) as conn:
-            return [(r[0], r[1]) for r in conn.execute(
-                "SELECT from_status, to_status FROM transitions WHERE task_id=? ORDER BY seq",
-                (task_id,))]
+            return [
+                (r[0], r[1])
+                for r in conn.execute(
+                    "SELECT from_status, to_status FROM transitions WHERE task_id=? ORDER BY seq",
+                    (task_id,),
+                )
+            ]
 
 
 @pytest.fixture

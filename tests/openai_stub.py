@@ -53,8 +53,15 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/health":
             self.reply(200, b"")
         elif self.path == "/v1/models":
-            self.reply(200, json.dumps({"object": "list", "data": [
-                {"id": "stub", "object": "model", "max_model_len": 4096}]}).encode())
+            self.reply(
+                200,
+                json.dumps(
+                    {
+                        "object": "list",
+                        "data": [{"id": "stub", "object": "model", "max_model_len": 4096}],
+                    }
+                ).encode(),
+            )
         elif self.path == "/metrics":
             with LOCK:
                 c = dict(COUNTS)
@@ -63,10 +70,10 @@ class Handler(BaseHTTPRequestHandler):
                 f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="stub"}} {c["drafts"]}',
                 "# TYPE vllm:spec_decode_num_draft_tokens counter",
                 f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="stub"}} '
-                f'{c["draft_tokens"]}',
+                f"{c['draft_tokens']}",
                 "# TYPE vllm:spec_decode_num_accepted_tokens counter",
                 f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="stub"}} '
-                f'{c["accepted"]}',
+                f"{c['accepted']}",
                 "# TYPE stub_requests counter",
                 f"stub_requests_total {c['requests']}",
             ]
@@ -78,8 +85,12 @@ class Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
         if self.path == "/tokenize":  # one token per word, as vLLM's shape has it
             tokens = [100 + len(word) for word in body["prompt"].split()]
-            return self.reply(200, json.dumps({"count": len(tokens), "max_model_len": 4096,
-                                               "tokens": tokens}).encode())
+            return self.reply(
+                200,
+                json.dumps(
+                    {"count": len(tokens), "max_model_len": 4096, "tokens": tokens}
+                ).encode(),
+            )
         if self.path != "/v1/completions":
             return self.reply(404, b'{"error": "not found"}')
         if body.get("stream"):
@@ -99,8 +110,15 @@ class Handler(BaseHTTPRequestHandler):
             COUNTS["draft_tokens"] += 3 * (n // 2)
             COUNTS["accepted"] += n // 2
         if not body.get("stream"):
-            return self.reply(200, json.dumps({"choices": [{"text": "tok " * n}], "usage": {
-                "prompt_tokens": prompt_tokens, "completion_tokens": n}}).encode())
+            return self.reply(
+                200,
+                json.dumps(
+                    {
+                        "choices": [{"text": "tok " * n}],
+                        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": n},
+                    }
+                ).encode(),
+            )
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Transfer-Encoding", "chunked")

@@ -42,18 +42,36 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 SANDBOX_PARENT = CHECKOUT / ".sandbox"
 SYSTEMD = "/lib/systemd/systemd"
 HIDDEN = (Path("/tmp"), Path("/var/tmp"), Path("/run"))  # covered by private tmpfs inside
-UNIT_DIRS = (Path("/etc/systemd/system"), Path("/usr/lib/systemd/system"),
-             Path("/lib/systemd/system"))
+UNIT_DIRS = (
+    Path("/etc/systemd/system"),
+    Path("/usr/lib/systemd/system"),
+    Path("/lib/systemd/system"),
+)
 # Masked as well, by name: what would reach the host even when nothing pulls it in by a
 # .wants folder (tmp.mount would hide the bind-mounted venv; tmpfiles wiped the host's /tmp).
 ALWAYS_MASKED = (
-    "tmp.mount", "systemd-tmpfiles-setup.service", "systemd-tmpfiles-setup-dev.service",
-    "systemd-tmpfiles-clean.service", "systemd-tmpfiles-clean.timer", "systemd-journald.service",
-    "systemd-journald.socket", "systemd-journald-dev-log.socket", "systemd-timesyncd.service",
-    "systemd-sysctl.service", "systemd-remount-fs.service", "systemd-random-seed.service",
-    "systemd-udevd.service", "systemd-logind.service", "dbus.service", "dbus.socket",
-    "getty@.service", "serial-getty@.service", "console-getty.service",
-    "container-getty@.service", "postgresql.service", "postgresql@.service",
+    "tmp.mount",
+    "systemd-tmpfiles-setup.service",
+    "systemd-tmpfiles-setup-dev.service",
+    "systemd-tmpfiles-clean.service",
+    "systemd-tmpfiles-clean.timer",
+    "systemd-journald.service",
+    "systemd-journald.socket",
+    "systemd-journald-dev-log.socket",
+    "systemd-timesyncd.service",
+    "systemd-sysctl.service",
+    "systemd-remount-fs.service",
+    "systemd-random-seed.service",
+    "systemd-udevd.service",
+    "systemd-logind.service",
+    "dbus.service",
+    "dbus.socket",
+    "getty@.service",
+    "serial-getty@.service",
+    "console-getty.service",
+    "container-getty@.service",
+    "postgresql.service",
+    "postgresql@.service",
 )
 BOOT_TARGET = "orch-sandbox.target"  # written by the start script; pulls in nothing
 
@@ -110,7 +128,10 @@ class Sandbox:
         """argv inside the sandbox's namespaces, as a user on that host would run it."""
         return subprocess.run(
             ["nsenter", "-t", str(self.pid), "-m", "-p", "--", *argv],
-            capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            stdin=subprocess.DEVNULL,
             env={**os.environ, "NO_COLOR": "1", **(env or {})},
         )
 
@@ -121,8 +142,9 @@ class Sandbox:
         self, code: str, *args: str, timeout: float = 60
     ) -> subprocess.CompletedProcess[str]:
         """This test run's interpreter (and so the code under test) inside the sandbox."""
-        return self.run([sys.executable, "-c", code, *args], timeout=timeout,
-                        env={"PYTHONPATH": str(CHECKOUT)})
+        return self.run(
+            [sys.executable, "-c", code, *args], timeout=timeout, env={"PYTHONPATH": str(CHECKOUT)}
+        )
 
     def write_unit(self, name: str, text: str) -> None:
         """A unit file in the sandbox's private /run/systemd/system (daemon-reload after)."""
@@ -187,8 +209,10 @@ def _parent(pid: int) -> int | None:
 def kept_paths() -> list[str]:
     """Host paths under /tmp, /var/tmp or /run the tests need inside, as `ro:PATH`/`rw:PATH`:
     the interpreter and venv read-only, the checkout (which holds the shared folder) writable."""
-    wanted = {p.resolve(): "ro" for p in (Path(sys.prefix), Path(sys.base_prefix),
-                                          Path(sys.executable).resolve().parent)}
+    wanted = {
+        p.resolve(): "ro"
+        for p in (Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).resolve().parent)
+    }
     wanted[CHECKOUT] = "rw"
     hidden = [p for p in wanted if any(p.is_relative_to(h) for h in HIDDEN)]
     # A folder inside another kept folder comes with it.
@@ -224,13 +248,36 @@ def start(boot_timeout: float = 30.0) -> Sandbox:
     log = root / "systemd.log"
     with log.open("wb") as out:
         unshare = subprocess.Popen(
-            ["unshare", "--fork", "--pid", "--mount", "--mount-proc", "--uts",
-             "--propagation", "private", "--kill-child=SIGKILL",
-             "--", "sh", "-c", _INIT, "sh", str(root), *kept_paths()],
-            stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-            env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "container": "orch-test",
-                 "SYSTEMD_BIN": SYSTEMD, "BOOT_TARGET": BOOT_TARGET, "LANG": "C.UTF-8"},
-            start_new_session=True, preexec_fn=_die_with_parent,
+            [
+                "unshare",
+                "--fork",
+                "--pid",
+                "--mount",
+                "--mount-proc",
+                "--uts",
+                "--propagation",
+                "private",
+                "--kill-child=SIGKILL",
+                "--",
+                "sh",
+                "-c",
+                _INIT,
+                "sh",
+                str(root),
+                *kept_paths(),
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={
+                "PATH": "/usr/sbin:/usr/bin:/sbin:/bin",
+                "container": "orch-test",
+                "SYSTEMD_BIN": SYSTEMD,
+                "BOOT_TARGET": BOOT_TARGET,
+                "LANG": "C.UTF-8",
+            },
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
     try:
         pid = _wait_for_child(unshare, 10.0)
@@ -274,8 +321,10 @@ def _wait_until_running(sandbox: Sandbox, timeout: float) -> None:
     state = "(no answer)"
     while time.monotonic() < end:
         if sandbox.unshare.poll() is not None:
-            raise SandboxError(f"the sandbox's systemd exited ({sandbox.unshare.returncode}):\n"
-                               f"{sandbox.log_tail()}")
+            raise SandboxError(
+                f"the sandbox's systemd exited ({sandbox.unshare.returncode}):\n"
+                f"{sandbox.log_tail()}"
+            )
         r = sandbox.systemctl("is-system-running", timeout=10)
         said = (r.stdout.strip() or r.stderr.strip()).splitlines()
         state = said[-1] if said else "(no answer)"
@@ -284,8 +333,10 @@ def _wait_until_running(sandbox: Sandbox, timeout: float) -> None:
         time.sleep(0.1)
     jobs = sandbox.systemctl("list-jobs", "--no-pager", timeout=10).stdout
     failed = sandbox.systemctl("list-units", "--failed", "--no-pager", timeout=10).stdout
-    raise SandboxError(f"systemd did not reach running within {timeout:.0f}s (last: {state})\n"
-                       f"jobs:\n{jobs}\nfailed units:\n{failed}\nlog:\n{sandbox.log_tail()}")
+    raise SandboxError(
+        f"systemd did not reach running within {timeout:.0f}s (last: {state})\n"
+        f"jobs:\n{jobs}\nfailed units:\n{failed}\nlog:\n{sandbox.log_tail()}"
+    )
 
 
 def remove(sandbox: Sandbox) -> None:

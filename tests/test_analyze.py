@@ -41,23 +41,32 @@ __all__ = ["no_server_left"]  # the autouse fixture: no server process outlives 
 
 SGLANG_BASE: dict[str, Any] = {
     "label": "SGLang base, no speculation",
-    "levels": [{"concurrency": 1, "output_tok_s": 63.6},
-               {"concurrency": 128, "output_tok_s": 2370}],
+    "levels": [
+        {"concurrency": 1, "output_tok_s": 63.6},
+        {"concurrency": 128, "output_tok_s": 2370},
+    ],
     "server": {"engine": "sglang", "max_running_requests": 2048},
 }
 AQ_MEDAI: dict[str, Any] = {
     "levels": [{"concurrency": 128, "output_tok_s": 849}],  # achieved not reported
     "server": {"engine": "sglang", "max_running_requests": 48},
-    "spec": {"algorithm": "EAGLE3", "num_draft_tokens": 4, "accept_length": 1.65,
-             "acceptance": "42%", "acceptance_definition": "sglang_legacy"},
+    "spec": {
+        "algorithm": "EAGLE3",
+        "num_draft_tokens": 4,
+        "accept_length": 1.65,
+        "acceptance": "42%",
+        "acceptance_definition": "sglang_legacy",
+    },
 }
 CUSTOM: dict[str, Any] = {  # the report gives only its acceptance, from the same SGLang log
     "server": {"engine": "sglang", "max_running_requests": 48},
     "spec": {"num_draft_tokens": 4, "acceptance": 0.25, "acceptance_definition": "sglang_legacy"},
 }
 VLLM_BASE: dict[str, Any] = {
-    "levels": [{"concurrency": 1, "output_tok_s": 82.5},
-               {"concurrency": 128, "output_tok_s": 1536}],
+    "levels": [
+        {"concurrency": 1, "output_tok_s": 82.5},
+        {"concurrency": 128, "output_tok_s": 1536},
+    ],
     "server": {"engine": "vllm"},
 }
 VLLM_SPEC: dict[str, Any] = {  # the report gives 0.66x; put at the peak level, k = 3 assumed
@@ -76,12 +85,19 @@ def _levels(*pairs: tuple[int, float]) -> list[dict[str, float]]:
     return [{"concurrency": c, "output_tok_s": t} for c, t in pairs]
 
 
-def _lv(concurrency: int, tok_s: float, lo: float, hi: float, windows: int = 3,
-        **extra: Any) -> dict[str, Any]:
+def _lv(
+    concurrency: int, tok_s: float, lo: float, hi: float, windows: int = 3, **extra: Any
+) -> dict[str, Any]:
     """A v2 level: the median of `windows` windows and their [min, max]."""
-    return {"concurrency": concurrency, "achieved_concurrency": float(concurrency),
-            "output_tok_s": tok_s, "windows": windows, "stable": True,
-            "interval": {"output_tok_s": [lo, hi]}, **extra}
+    return {
+        "concurrency": concurrency,
+        "achieved_concurrency": float(concurrency),
+        "output_tok_s": tok_s,
+        "windows": windows,
+        "stable": True,
+        "interval": {"output_tok_s": [lo, hi]},
+        **extra,
+    }
 
 
 class _Sink:
@@ -96,7 +112,9 @@ class _Sink:
     def process_started(self, pgid: int, started_at: float) -> None: ...
     def progress(self, message: str) -> None: ...
     def hold(self, name: str, data: dict[str, Any]) -> None: ...
-    def held(self, name: str) -> dict[str, Any] | None: return None
+    def held(self, name: str) -> dict[str, Any] | None:
+        return None
+
     def release(self, name: str) -> None: ...
 
 
@@ -107,6 +125,7 @@ def _recorded(v: Verdict, tmp_path: Path) -> dict[str, Finding]:
 
 
 # --- the math ----------------------------------------------------------------------------------
+
 
 def test_alpha_inverts_the_expected_accept_length() -> None:
     """tau=1.65, k=3 gives alpha 0.411 (section 0.1); the inversion round-trips at the ends."""
@@ -123,8 +142,11 @@ def test_alpha_inverts_the_expected_accept_length() -> None:
 
 def test_tau_table_of_section_4() -> None:
     """tau(alpha, k) reproduces section 4's table for alpha 0.6/0.7/0.8 and k = 1..4."""
-    table = {0.6: (1.60, 1.96, 2.18, 2.31), 0.7: (1.70, 2.19, 2.53, 2.77),
-             0.8: (1.80, 2.44, 2.95, 3.36)}
+    table = {
+        0.6: (1.60, 1.96, 2.18, 2.31),
+        0.7: (1.70, 2.19, 2.53, 2.77),
+        0.8: (1.80, 2.44, 2.95, 3.36),
+    }
     for alpha, row in table.items():
         assert [round(tau_from_alpha(alpha, k), 2) for k in (1, 2, 3, 4)] == list(row)
 
@@ -155,8 +177,7 @@ def test_legacy_figure_below_its_floor_is_refused_by_the_math() -> None:
 def test_modelled_speedup_and_break_even_of_section_4() -> None:
     """S = tau/(k*r+1): 1.43x / 1.27x / 1.03x at draft/target cost ratios r = 0.05 / 0.1 / 0.2;
     the 25.9 ms budget."""
-    assert [round(modelled_speedup(1.65, 3, c), 2) for c in (0.05, 0.1, 0.2)] == [
-        1.43, 1.27, 1.03]
+    assert [round(modelled_speedup(1.65, 3, c), 2) for c in (0.05, 0.1, 0.2)] == [1.43, 1.27, 1.03]
     v = compare("aq", _result(AQ_MEDAI), _result(SGLANG_BASE))
     assert v.break_even is not None
     assert v.break_even.t_dec_ms == pytest.approx(15.72, abs=0.01)
@@ -167,9 +188,11 @@ def test_modelled_speedup_and_break_even_of_section_4() -> None:
 
 # --- params: refused or flagged ------------------------------------------------------------------
 
+
 def test_params_refuse_figures_that_cannot_be_read_one_way() -> None:
     """Refused, as plan errors: an SGLang rate without its definition, tree drafting, a figure
     without k, a bad candidate name, an interval upside down, an unknown key in a window."""
+
     def problem(data: dict[str, Any]) -> str:
         with pytest.raises(ValidationError) as exc:
             Result.model_validate(data)
@@ -177,15 +200,17 @@ def test_params_refuse_figures_that_cannot_be_read_one_way() -> None:
 
     sglang = {"server": {"engine": "sglang"}}
     assert "acceptance_definition is needed" in problem(
-        {**sglang, "spec": {"draft_tokens": 3, "acceptance": 0.42}})
+        {**sglang, "spec": {"draft_tokens": 3, "acceptance": 0.42}}
+    )
     assert "tree" in problem({**sglang, "spec": {"draft_tokens": 3, "num_draft_tokens": 8}})
     assert "needs draft_tokens" in problem({**sglang, "spec": {"accept_length": 1.65}})
-    assert "the low end is above the high end" in problem(
-        {"levels": [_lv(1, 100, 110, 90)]})
+    assert "the low end is above the high end" in problem({"levels": [_lv(1, 100, 110, 90)]})
     assert "extra_forbidden" in problem(
-        {"levels": [{**_lv(1, 100, 90, 110), "per_window": [{"output_toks": 100}]}]})
-    vllm = Result.model_validate({"server": {"engine": "vllm"},
-                                  "spec": {"draft_tokens": 3, "acceptance": "15%"}})
+        {"levels": [{**_lv(1, 100, 90, 110), "per_window": [{"output_toks": 100}]}]}
+    )
+    vllm = Result.model_validate(
+        {"server": {"engine": "vllm"}, "spec": {"draft_tokens": 3, "acceptance": "15%"}}
+    )
     assert vllm.spec is not None and vllm.spec.acceptance == pytest.approx(0.15)
     assert vllm.spec.acceptance_definition == "strict"
     with pytest.raises(ValidationError, match="pattern"):
@@ -195,25 +220,65 @@ def test_params_refuse_figures_that_cannot_be_read_one_way() -> None:
 def test_v2_level_takes_every_key_bench_serve_writes() -> None:
     """Medians, windows, stability, spread, intervals, per-window figures, rejected windows,
     provenance and the server's resolved settings all validate."""
-    level = {**_lv(8, 410.0, 401.0, 417.0, windows=2), "spread": 0.021, "tpot_ms": 19.1,
-             "ttft_ms": 210.0,
-             "interval": {"output_tok_s": [401.0, 417.0], "tpot_ms": [18.8, 19.5],
-                          "ttft_ms": [190.0, 240.0], "achieved_concurrency": [7.8, 8.0]},
-             "per_window": [{"output_tok_s": 401.0, "tpot_ms": 19.5, "ttft_ms": 240.0,
-                             "achieved_concurrency": 7.8, "duration_s": 12.0},
-                            {"output_tok_s": 417.0, "tpot_ms": 18.8, "ttft_ms": 190.0,
-                             "achieved_concurrency": 8.0, "duration_s": 11.5}],
-             "rejected": ["window 1: warm-up transient, 31% below the rest"],
-             "request_s": 2.1, "completed": 32, "errors": 0, "duration_s": 23.5,
-             "ttft": {"mean": 210.0, "p50": 205.0}, "spec": {"accept_length": 2.1}}
-    r = Result.model_validate({
-        "source": {"run": 5, "task": "bench_base", "at": "2026-11-30T18:32:00+00:00"},
-        "levels": [level],
-        "server": {"engine": "vllm", "version": "0.11.0",
-                   "settings": {"max_model_len": 512, "speculative_num_steps": 3,
-                                "algorithm": "draft_model", "draft_model": "/m/noisy"}},
-        "benchmark": {"tool": "orch bench.serve", "warmup": 2, "stability": 0.05,
-                      "min_windows": 3, "max_windows": 6, "requests": 16}})
+    level = {
+        **_lv(8, 410.0, 401.0, 417.0, windows=2),
+        "spread": 0.021,
+        "tpot_ms": 19.1,
+        "ttft_ms": 210.0,
+        "interval": {
+            "output_tok_s": [401.0, 417.0],
+            "tpot_ms": [18.8, 19.5],
+            "ttft_ms": [190.0, 240.0],
+            "achieved_concurrency": [7.8, 8.0],
+        },
+        "per_window": [
+            {
+                "output_tok_s": 401.0,
+                "tpot_ms": 19.5,
+                "ttft_ms": 240.0,
+                "achieved_concurrency": 7.8,
+                "duration_s": 12.0,
+            },
+            {
+                "output_tok_s": 417.0,
+                "tpot_ms": 18.8,
+                "ttft_ms": 190.0,
+                "achieved_concurrency": 8.0,
+                "duration_s": 11.5,
+            },
+        ],
+        "rejected": ["window 1: warm-up transient, 31% below the rest"],
+        "request_s": 2.1,
+        "completed": 32,
+        "errors": 0,
+        "duration_s": 23.5,
+        "ttft": {"mean": 210.0, "p50": 205.0},
+        "spec": {"accept_length": 2.1},
+    }
+    r = Result.model_validate(
+        {
+            "source": {"run": 5, "task": "bench_base", "at": "2026-11-30T18:32:00+00:00"},
+            "levels": [level],
+            "server": {
+                "engine": "vllm",
+                "version": "0.11.0",
+                "settings": {
+                    "max_model_len": 512,
+                    "speculative_num_steps": 3,
+                    "algorithm": "draft_model",
+                    "draft_model": "/m/noisy",
+                },
+            },
+            "benchmark": {
+                "tool": "orch bench.serve",
+                "warmup": 2,
+                "stability": 0.05,
+                "min_windows": 3,
+                "max_windows": 6,
+                "requests": 16,
+            },
+        }
+    )
     assert r.source.run == 5 and r.levels[0].interval is not None
     assert r.levels[0].windows == 2 and r.server.settings["max_model_len"] == 512
 
@@ -223,14 +288,20 @@ def test_out_of_range_acceptance_is_flagged_not_refused() -> None:
     what a counter said: the result reads, and the verdict opens with MEASUREMENT PROBLEM."""
     base = _result(SGLANG_BASE)
     for spec, problem in [
-        ({"draft_tokens": 3, "accept_length": 4.2},
-         "accept length tau = 4.20 is outside [1, k+1] = [1, 4]"),
-        ({"draft_tokens": 3, "acceptance": 42},
-         "acceptance 4200.0% is outside [0.0%, 100%], the range of the strict definition with "
-         "k=3 (a percentage is written 0.42 or '42%')"),
-        ({"draft_tokens": 3, "acceptance": 0.2, "acceptance_definition": "sglang_legacy"},
-         "acceptance 20.0% is outside [25.0%, 100%], the range of the sglang_legacy definition "
-         "with k=3: check k and the definition"),
+        (
+            {"draft_tokens": 3, "accept_length": 4.2},
+            "accept length tau = 4.20 is outside [1, k+1] = [1, 4]",
+        ),
+        (
+            {"draft_tokens": 3, "acceptance": 42},
+            "acceptance 4200.0% is outside [0.0%, 100%], the range of the strict definition with "
+            "k=3 (a percentage is written 0.42 or '42%')",
+        ),
+        (
+            {"draft_tokens": 3, "acceptance": 0.2, "acceptance_definition": "sglang_legacy"},
+            "acceptance 20.0% is outside [25.0%, 100%], the range of the sglang_legacy definition "
+            "with k=3: check k and the definition",
+        ),
     ]:
         cand = _result({"server": {"engine": "vllm"}, "levels": _levels((1, 90)), "spec": spec})
         v = compare("x", cand, base)
@@ -240,6 +311,7 @@ def test_out_of_range_acceptance_is_flagged_not_refused() -> None:
 
 
 # --- the verdicts ------------------------------------------------------------------------------
+
 
 def test_noisy_speed_up_within_the_spread_is_even() -> None:
     """1.06x whose windows overlap (0.92-1.23) is even, not 'pays'; the same medians with tight
@@ -257,17 +329,23 @@ def test_noisy_speed_up_within_the_spread_is_even() -> None:
 def test_non_monotone_sweep_is_described_level_by_level(tmp_path: Path) -> None:
     """Wins at 1, even at 4, loses at 8: said as it is, no 'loses above' threshold; mixed
     results do not pay; the findings list the concurrencies of each outcome."""
-    base = _result({"levels": [_lv(1, 100, 95, 105), _lv(4, 400, 390, 410),
-                               _lv(8, 1000, 980, 1020)]})
-    cand = _result({"levels": [_lv(1, 143, 127.05, 153.9), _lv(4, 404, 380, 430),
-                               _lv(8, 710, 673.2, 754.6)]})
+    base = _result(
+        {"levels": [_lv(1, 100, 95, 105), _lv(4, 400, 390, 410), _lv(8, 1000, 980, 1020)]}
+    )
+    cand = _result(
+        {"levels": [_lv(1, 143, 127.05, 153.9), _lv(4, 404, 380, 430), _lv(8, 710, 673.2, 754.6)]}
+    )
     v = compare("eagle", cand, base)
-    assert v.verdict == ("wins at concurrency 1 (1.43x, 1.21-1.62), even at 4, "
-                         "loses at 8 (0.71x, 0.66-0.77)")
+    assert v.verdict == (
+        "wins at concurrency 1 (1.43x, 1.21-1.62), even at 4, loses at 8 (0.71x, 0.66-0.77)"
+    )
     assert not v.pays
     f = _recorded(v, tmp_path)
     assert (f["eagle.wins_at"].value, f["eagle.even_at"].value, f["eagle.loses_at"].value) == (
-        "1", "4", "8")
+        "1",
+        "4",
+        "8",
+    )
     assert f["eagle.speedup_c1"].value == 1.43
     assert f["eagle.speedup_c1"].note == "1.21-1.62, 3 windows vs 3 windows: win; 143 vs 100 tok/s"
     assert f["eagle.speedup_c8"].note is not None and "0.66-0.77" in f["eagle.speedup_c8"].note
@@ -278,20 +356,30 @@ def test_non_monotone_sweep_is_described_level_by_level(tmp_path: Path) -> None:
 def test_uniform_sweeps_are_said_in_one_phrase() -> None:
     """Wins everywhere: 'pays at every concurrency measured (1, 4, 8): 1.3-1.8x'; even and
     losses everywhere likewise; wins and evens without a loss pay."""
-    base = _result({"levels": [_lv(1, 100, 99, 101), _lv(4, 400, 396, 404),
-                               _lv(8, 800, 792, 808)]})
+    base = _result({"levels": [_lv(1, 100, 99, 101), _lv(4, 400, 396, 404), _lv(8, 800, 792, 808)]})
 
     def verdict(*tok_s: float) -> Verdict:
-        return compare("c", _result({"levels": [
-            _lv(c, t, t * 0.99, t * 1.01) for c, t in zip((1, 4, 8), tok_s, strict=True)]}),
-            base)
+        return compare(
+            "c",
+            _result(
+                {
+                    "levels": [
+                        _lv(c, t, t * 0.99, t * 1.01) for c, t in zip((1, 4, 8), tok_s, strict=True)
+                    ]
+                }
+            ),
+            base,
+        )
 
     assert verdict(180, 600, 1040).verdict == (
-        "speculation pays at every concurrency measured (1, 4, 8): 1.3-1.8x")
+        "speculation pays at every concurrency measured (1, 4, 8): 1.3-1.8x"
+    )
     assert verdict(100, 404, 796).verdict == (
-        "no speed-up: even at every concurrency measured (1, 4, 8): 0.99-1.01x")
+        "no speed-up: even at every concurrency measured (1, 4, 8): 0.99-1.01x"
+    )
     assert verdict(60, 240, 640).verdict == (
-        "loses at every concurrency measured (1, 4, 8): 0.6-0.8x")
+        "loses at every concurrency measured (1, 4, 8): 0.6-0.8x"
+    )
     some = verdict(150, 404, 800)
     assert some.verdict == "wins at concurrency 1 (1.5x, 1.47-1.53), even at 4 and 8"
     assert some.pays
@@ -301,11 +389,17 @@ def test_v1_sweep_is_level_by_level_and_measured_once(tmp_path: Path) -> None:
     """1.4x at concurrency 1 shrinking to 0.8x at 128, v1 figures: each level's outcome, the
     step cost per level, and 'measured once: no spread known'."""
     base = _result({"levels": _levels((1, 60), (8, 400), (32, 1200), (128, 2400))})
-    cand = _result({"levels": _levels((1, 84), (8, 480), (32, 1260), (128, 1920)),
-                    "spec": {"draft_tokens": 3, "accept_length": 2.2}})
+    cand = _result(
+        {
+            "levels": _levels((1, 84), (8, 480), (32, 1260), (128, 1920)),
+            "spec": {"draft_tokens": 3, "accept_length": 2.2},
+        }
+    )
     v = compare("eagle", cand, base)
-    assert v.verdict == ("wins at concurrency 1 (1.4x), 8 (1.2x) and 32 (1.05x), loses at 128 "
-                         "(0.8x); measured once: no spread known")
+    assert v.verdict == (
+        "wins at concurrency 1 (1.4x), 8 (1.2x) and 32 (1.05x), loses at 128 "
+        "(0.8x); measured once: no spread known"
+    )
     assert not v.pays and not v.capped
     assert v.c1 is not None and v.c1.speedup == pytest.approx(1.4)
     assert v.break_even is not None and v.break_even.measured == pytest.approx(1.4)
@@ -314,30 +408,43 @@ def test_v1_sweep_is_level_by_level_and_measured_once(tmp_path: Path) -> None:
     assert "| 128 | 128 | 1920, once | 2400, once | 0.8x | loss | 2.75 |" in md
     assert "once: measured once: no spread known" in md
     assert _recorded(v, tmp_path)["eagle.speedup_c128"].note == (
-        "measured once: no spread known: loss; 1920 vs 2400 tok/s")
+        "measured once: no spread known: loss; 1920 vs 2400 tok/s"
+    )
 
 
 def test_levels_compare_at_equal_achieved_concurrency() -> None:
     """A candidate asked for 64 that ran 33 in flight is compared with the baseline's 32."""
-    base = _result({"levels": [{"concurrency": 32, "achieved_concurrency": 31.5,
-                                "output_tok_s": 1000},
-                               {"concurrency": 64, "achieved_concurrency": 63.0,
-                                "output_tok_s": 1800}]})
-    cand = _result({"levels": [{"concurrency": 64, "achieved_concurrency": 33.0,
-                                "output_tok_s": 1100}]})
+    base = _result(
+        {
+            "levels": [
+                {"concurrency": 32, "achieved_concurrency": 31.5, "output_tok_s": 1000},
+                {"concurrency": 64, "achieved_concurrency": 63.0, "output_tok_s": 1800},
+            ]
+        }
+    )
+    cand = _result(
+        {"levels": [{"concurrency": 64, "achieved_concurrency": 33.0, "output_tok_s": 1100}]}
+    )
     v = compare("c", cand, base)
     assert [(m.cand.level.concurrency, m.base.level.concurrency) for m in v.matches] == [(64, 32)]
-    assert v.verdict == ("speculation pays at concurrency 64 with 33 in flight: 1.1x; measured "
-                         "once: no spread known; fewer in flight than requested, cause unknown")
+    assert v.verdict == (
+        "speculation pays at concurrency 64 with 33 in flight: 1.1x; measured "
+        "once: no spread known; fewer in flight than requested, cause unknown"
+    )
     assert v.capped and "cause is unknown" in (v.cap_note or "")
     assert v.peak is None  # the baseline's peak has 63 in flight: no candidate level there
     # With the server's cap recorded and not reached, the shortfall is not the cap.
-    below_cap = compare("c", _result({**cand.model_dump(), "server": {"max_running_requests": 64}}),
-                        base)
+    below_cap = compare(
+        "c", _result({**cand.model_dump(), "server": {"max_running_requests": 64}}), base
+    )
     assert not below_cap.capped and "fewer in flight" not in below_cap.verdict
-    assert any(n.startswith("fewer in flight than requested at concurrency 64 (33), under "
-                            "max_running_requests=64: not the server's cap")
-               for n in below_cap.notes)
+    assert any(
+        n.startswith(
+            "fewer in flight than requested at concurrency 64 (33), under "
+            "max_running_requests=64: not the server's cap"
+        )
+        for n in below_cap.notes
+    )
 
 
 def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: Path) -> None:
@@ -351,8 +458,10 @@ def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: P
     assert "c.speedup_peak" not in f and "c.speedup_c128" not in f
     assert f["c.speedup_c1"].value == 1.415
     md = render("an", base, [v])
-    assert "| c | speculation pays at concurrency 1: 1.42x; measured once: no spread known " \
-           "| 1.42x | not measured | no |" in md
+    assert (
+        "| c | speculation pays at concurrency 1: 1.42x; measured once: no spread known "
+        "| 1.42x | not measured | no |" in md
+    )
     assert "| 128 | 128 | not measured | 2370, once (peak) | – | not measured | – |" in md
 
 
@@ -363,34 +472,58 @@ def test_speculative_step_above_k_plus_1_is_a_measurement_problem() -> None:
     base = _result({"levels": [_lv(8, 1000, 990, 1010), _lv(16, 1800, 1790, 1810)]})
 
     def run(tok_s: float, max_draft_cost: float = 0.0) -> Verdict:
-        return compare("self", _result({"levels": [_lv(8, tok_s, tok_s - 5, tok_s + 5)],
-                                        "spec": {"draft_tokens": 3, "accept_length": 4.0}}),
-                       base, max_draft_cost=max_draft_cost)
+        return compare(
+            "self",
+            _result(
+                {
+                    "levels": [_lv(8, tok_s, tok_s - 5, tok_s + 5)],
+                    "spec": {"draft_tokens": 3, "accept_length": 4.0},
+                }
+            ),
+            base,
+            max_draft_cost=max_draft_cost,
+        )
 
     v = run(860)
     assert v.verdict.startswith(
         "MEASUREMENT PROBLEM: a speculative step at concurrency 8 costs 4.7 decode steps "
-        "(tau / speed-up), more than k+1 = 4 — loses at concurrency 8: 0.86x (0.85-0.87)")
+        "(tau / speed-up), more than k+1 = 4 — loses at concurrency 8: 0.86x (0.85-0.87)"
+    )
     assert any("set max_draft_cost: 1" in n for n in v.notes)
-    assert "| 8 | 8 | 860 (855-865, 3) | 1000 (990-1010, 3) | 0.86x (0.85-0.87) | loss " \
-           "| 4.65 > 4 |" in render("an", base, [v])
+    assert (
+        "| 8 | 8 | 860 (855-865, 3) | 1000 (990-1010, 3) | 0.86x (0.85-0.87) | loss "
+        "| 4.65 > 4 |" in render("an", base, [v])
+    )
     assert not run(1000).problems
     assert not run(860, max_draft_cost=1).problems
-    two = compare("self", _result({"levels": [_lv(8, 860, 855, 865), _lv(16, 1500, 1495, 1505)],
-                                   "spec": {"draft_tokens": 3, "accept_length": 4.0}}), base)
-    assert two.problems == ["a speculative step at concurrency 8, 16 costs 4.7-4.8 decode steps "
-                            "(tau / speed-up), more than k+1 = 4"]
+    two = compare(
+        "self",
+        _result(
+            {
+                "levels": [_lv(8, 860, 855, 865), _lv(16, 1500, 1495, 1505)],
+                "spec": {"draft_tokens": 3, "accept_length": 4.0},
+            }
+        ),
+        base,
+    )
+    assert two.problems == [
+        "a speculative step at concurrency 8, 16 costs 4.7-4.8 decode steps "
+        "(tau / speed-up), more than k+1 = 4"
+    ]
 
 
 def test_speed_up_above_tau_is_a_measurement_problem() -> None:
     """2.1x at concurrency 1 with tau = 1.65: faster than free drafts allow; it does not pay."""
     base = _result({"levels": [_lv(1, 100, 99, 101)]})
-    cand = _result({"levels": [_lv(1, 210, 208, 212)],
-                    "spec": {"draft_tokens": 3, "accept_length": 1.65}})
+    cand = _result(
+        {"levels": [_lv(1, 210, 208, 212)], "spec": {"draft_tokens": 3, "accept_length": 1.65}}
+    )
     v = compare("x", cand, base)
-    assert v.verdict.startswith("MEASUREMENT PROBLEM: speed-up 2.1x at concurrency 1 exceeds "
-                                "tau = 1.65, the ceiling even with free drafts — speculation "
-                                "pays at concurrency 1")
+    assert v.verdict.startswith(
+        "MEASUREMENT PROBLEM: speed-up 2.1x at concurrency 1 exceeds "
+        "tau = 1.65, the ceiling even with free drafts — speculation "
+        "pays at concurrency 1"
+    )
     assert not v.pays
 
 
@@ -398,32 +531,47 @@ def test_median_outside_its_interval_is_flagged() -> None:
     """A median outside its own [min, max] is flagged, and the ratio bounds take it in."""
     base = _result({"levels": [_lv(1, 100, 99, 101)]})
     v = compare("x", _result({"levels": [_lv(1, 150, 100, 110)]}), base)
-    assert v.problems == ["candidate at concurrency 1: median 150 tok/s outside its own "
-                          "interval 100-110"]
+    assert v.problems == [
+        "candidate at concurrency 1: median 150 tok/s outside its own interval 100-110"
+    ]
     assert v.matches[0].bounds == pytest.approx((100 / 101, 150 / 99))
 
 
 def test_results_of_two_runs_are_said_to_be(tmp_path: Path) -> None:
     """Baseline from run #5, candidate from run #2: the verdict says so; the report names run,
     task, time, engine, version, resolved settings and benchmark settings."""
-    base = _result({"levels": [_lv(1, 100, 99, 101)], "label": "base",
-                    "source": {"run": 5, "task": "bench_base", "at": "2026-11-30T18:32:00Z"},
-                    "server": {"engine": "vllm", "version": "0.11.0",
-                               "settings": {"max_model_len": 512}},
-                    "benchmark": {"output_tokens": 48, "requests": 16}})
-    cand = _result({"levels": [_lv(1, 130, 128, 132)],
-                    "source": {"run": 2, "task": "bench_noisy"},
-                    "server": {"engine": "vllm", "settings": {"draft_model": "/m/noisy"}},
-                    "benchmark": {"output_tokens": 48, "requests": 16}})
+    base = _result(
+        {
+            "levels": [_lv(1, 100, 99, 101)],
+            "label": "base",
+            "source": {"run": 5, "task": "bench_base", "at": "2026-11-30T18:32:00Z"},
+            "server": {"engine": "vllm", "version": "0.11.0", "settings": {"max_model_len": 512}},
+            "benchmark": {"output_tokens": 48, "requests": 16},
+        }
+    )
+    cand = _result(
+        {
+            "levels": [_lv(1, 130, 128, 132)],
+            "source": {"run": 2, "task": "bench_noisy"},
+            "server": {"engine": "vllm", "settings": {"draft_model": "/m/noisy"}},
+            "benchmark": {"output_tokens": 48, "requests": 16},
+        }
+    )
     v = compare("noisy", cand, base)
-    assert v.verdict == ("speculation pays at concurrency 1: 1.3x (1.27-1.33); baseline from "
-                         "run #5, candidate from run #2")
+    assert v.verdict == (
+        "speculation pays at concurrency 1: 1.3x (1.27-1.33); baseline from "
+        "run #5, candidate from run #2"
+    )
     md = render("an", base, [v])
-    assert ("- **baseline** (base): run #5, task bench_base, at 2026-11-30T18:32:00Z; inline in "
-            "the plan; vllm 0.11.0; settings: max_model_len=512; benchmark: output_tokens=48, "
-            "requests=16") in md
-    assert "- **noisy**: run #2, task bench_noisy; inline in the plan; vllm; settings: " \
-           "draft_model='/m/noisy'" in md
+    assert (
+        "- **baseline** (base): run #5, task bench_base, at 2026-11-30T18:32:00Z; inline in "
+        "the plan; vllm 0.11.0; settings: max_model_len=512; benchmark: output_tokens=48, "
+        "requests=16"
+    ) in md
+    assert (
+        "- **noisy**: run #2, task bench_noisy; inline in the plan; vllm; settings: "
+        "draft_model='/m/noisy'" in md
+    )
     same = compare("noisy", _result({**cand.model_dump(), "source": {"run": 5}}), base)
     assert "run #" not in same.verdict
 
@@ -431,36 +579,56 @@ def test_results_of_two_runs_are_said_to_be(tmp_path: Path) -> None:
 def test_different_workloads_are_not_comparable(tmp_path: Path) -> None:
     """output_tokens 48 vs 128: no speed-up, no win or loss; a different request count or tool
     is only a note, a label nothing."""
-    bench = {"tool": "orch bench.serve", "label": "base", "output_tokens": 48, "requests": 16,
-             "temperature": 0.0}
+    bench = {
+        "tool": "orch bench.serve",
+        "label": "base",
+        "output_tokens": 48,
+        "requests": 16,
+        "temperature": 0.0,
+    }
     base = _result({"levels": [_lv(1, 100, 99, 101)], "benchmark": bench})
-    cand = _result({"levels": [_lv(1, 140, 139, 141)], "spec": {"draft_tokens": 3,
-                                                                "accept_length": 2.0},
-                    "benchmark": {**bench, "output_tokens": 128, "label": "eagle"}})
+    cand = _result(
+        {
+            "levels": [_lv(1, 140, 139, 141)],
+            "spec": {"draft_tokens": 3, "accept_length": 2.0},
+            "benchmark": {**bench, "output_tokens": 128, "label": "eagle"},
+        }
+    )
     v = compare("e", cand, base)
     assert v.verdict == "not comparable: output_tokens 48 vs 128"
     assert not v.pays and not v.matches
     f = _recorded(v, tmp_path)
     assert not any(k.startswith(("e.speedup", "e.wins", "e.loses", "e.even")) for k in f)
-    assert "| 1 | 1 | 140 (139-141, 3) | not comparable | not comparable | not compared | – |" \
+    assert (
+        "| 1 | 1 | 140 (139-141, 3) | not comparable | not comparable | not compared | – |"
         in render("an", base, [v])
-    other = _result({**cand.model_dump(), "benchmark": {**bench, "requests": 32,
-                                                        "tool": "sglang.bench_serving"}})
+    )
+    other = _result(
+        {
+            **cand.model_dump(),
+            "benchmark": {**bench, "requests": 32, "tool": "sglang.bench_serving"},
+        }
+    )
     v = compare("e", other, base)
     assert v.verdict == "speculation pays at concurrency 1: 1.4x (1.38-1.42)"
-    assert any(n.startswith("measured differently (baseline vs candidate: requests 16 vs 32)")
-               for n in v.notes)
+    assert any(
+        n.startswith("measured differently (baseline vs candidate: requests 16 vs 32)")
+        for n in v.notes
+    )
     assert any(n.startswith("different benchmark tools") for n in v.notes)
 
 
 def test_unstable_levels_are_marked() -> None:
     """A level whose last windows disagreed is named in the verdict and marked in the table."""
     base = _result({"levels": [_lv(8, 1000, 990, 1010)]})
-    cand = _result({"levels": [{**_lv(8, 1300, 1150, 1450, windows=6), "stable": False,
-                                "spread": 0.12}]})
+    cand = _result(
+        {"levels": [{**_lv(8, 1300, 1150, 1450, windows=6), "stable": False, "spread": 0.12}]}
+    )
     v = compare("x", cand, base)
-    assert v.verdict == ("speculation pays at concurrency 8: 1.3x (1.14-1.46); unstable at "
-                         "concurrency 8 (spread 12%)")
+    assert v.verdict == (
+        "speculation pays at concurrency 8: 1.3x (1.14-1.46); unstable at "
+        "concurrency 8 (spread 12%)"
+    )
     assert "| 1300 (1150-1450, 6) unstable |" in render("an", base, [v])
 
 
@@ -469,8 +637,10 @@ def test_field_report_sglang_verdicts() -> None:
     (no peak-vs-peak ratio); 21.7% strict; custom: its 25% is tau = 1."""
     base = _result(SGLANG_BASE)
     aq = compare("aq_medai", _result(AQ_MEDAI), base)
-    assert aq.verdict == ("not compared: no baseline level at equal concurrency (candidate: "
-                          "concurrency 128 with 48 in flight); capped at 48 running requests")
+    assert aq.verdict == (
+        "not compared: no baseline level at equal concurrency (candidate: "
+        "concurrency 128 with 48 in flight); capped at 48 running requests"
+    )
     assert not aq.pays and aq.peak is None
     assert aq.capped and aq.points[0].concurrency == 48 and aq.points[0].inferred
     note = aq.cap_note or ""
@@ -488,8 +658,12 @@ def test_field_report_sglang_verdicts() -> None:
 
 def test_misread_k_shows_as_inconsistent() -> None:
     """Taking '4 proposed' as k=4 drafts makes SGLang's 42% disagree with tau=1.65."""
-    spec = {"draft_tokens": 4, "accept_length": 1.65, "acceptance": 0.42,
-            "acceptance_definition": "sglang_legacy"}
+    spec = {
+        "draft_tokens": 4,
+        "accept_length": 1.65,
+        "acceptance": 0.42,
+        "acceptance_definition": "sglang_legacy",
+    }
     v = compare("x", _result({**AQ_MEDAI, "spec": spec}), _result(SGLANG_BASE))
     assert any("INCONSISTENT with accept length 1.65" in n for n in v.notes)
 
@@ -504,6 +678,7 @@ def test_different_engines_are_flagged() -> None:
 
 # --- files ---------------------------------------------------------------------------------------
 
+
 def test_v1_file_reads_and_unknown_schema_is_refused(tmp_path: Path) -> None:
     """An orch.bench/v1 file still reads, its levels measured once; v3 is refused, named."""
     v1 = tmp_path / "v1.json"
@@ -512,31 +687,44 @@ def test_v1_file_reads_and_unknown_schema_is_refused(tmp_path: Path) -> None:
     assert base.origin == f"{v1} (orch.bench/v1)"
     v = compare("c", _result({"levels": [_lv(1, 90, 88, 92)]}), base)
     assert v.matches[0].base.once and not v.matches[0].cand.once
-    assert v.verdict == ("speculation pays at concurrency 1: 1.42x (1.38-1.45); measured once: "
-                         "no spread known")
-    assert f"- **baseline** (SGLang base, no speculation): run not recorded; {v1} " \
-           "(orch.bench/v1)" in render("an", base, [v])
+    assert v.verdict == (
+        "speculation pays at concurrency 1: 1.42x (1.38-1.45); measured once: no spread known"
+    )
+    assert (
+        f"- **baseline** (SGLang base, no speculation): run not recorded; {v1} "
+        "(orch.bench/v1)" in render("an", base, [v])
+    )
     v3 = tmp_path / "v3.json"
     v3.write_text(json.dumps({"schema": "orch.bench/v3", **SGLANG_BASE}))
-    with pytest.raises(TaskError, match=r"v3.json is 'orch.bench/v3'; this orch reads "
-                                        r"orch.bench/v1 and orch.bench/v2"):
+    with pytest.raises(
+        TaskError,
+        match=r"v3.json is 'orch.bench/v3'; this orch reads "
+        r"orch.bench/v1 and orch.bench/v2",
+    ):
         load_result(str(v3), "baseline")
+
+
 # --- through the real CLI ----------------------------------------------------------------------
+
 
 def _findings(doc: dict[str, Any], task: str) -> dict[str, Any]:
     t = next(t for t in doc["tasks"] if t["id"] == task)
     return {f["key"]: f for f in t["findings"]}
 
 
-AQ_VERDICT = ("not compared: no baseline level at equal concurrency (candidate: concurrency 128 "
-              "with 48 in flight); capped at 48 running requests")
+AQ_VERDICT = (
+    "not compared: no baseline level at equal concurrency (candidate: concurrency 128 "
+    "with 48 in flight); capped at 48 running requests"
+)
 
 
 def test_field_reports_through_orch(pdir: PlanDir) -> None:
     """A plan fed the field reports: findings on one definition, the cap, verdicts, Markdown;
     no ratio across concurrencies (the AQ-MedAI run's 48 in flight has no baseline level)."""
-    params_sglang = {"baseline": SGLANG_BASE,
-                     "candidates": {"aq_medai": AQ_MEDAI, "custom": CUSTOM}}
+    params_sglang = {
+        "baseline": SGLANG_BASE,
+        "candidates": {"aq_medai": AQ_MEDAI, "custom": CUSTOM},
+    }
     params_vllm = {"baseline": VLLM_BASE, "candidates": {"vllm_eagle3": VLLM_SPEC}}
     plan = pdir.write(f"""
         name: t
@@ -575,7 +763,8 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert g["vllm_eagle3.acceptance"]["value"] == pytest.approx(0.15)  # same definition
     assert g["vllm_eagle3.alpha"]["value"] == pytest.approx(0.32, abs=0.005)
     assert g["vllm_eagle3.verdict"]["value"] == (
-        "loses at concurrency 128: 0.66x; measured once: no spread known")
+        "loses at concurrency 128: 0.66x; measured once: no spread known"
+    )
     assert g["vllm_eagle3.loses_at"]["value"] == "128"
     assert g["vllm_eagle3.wins_at"]["value"] == ""
     assert g["vllm_eagle3.speedup_c128"]["value"] == pytest.approx(0.66)
@@ -585,8 +774,10 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     report = Path(f["report"]["value"])
     assert report.name == "analyze.md" and report.parent == pdir.root / ".orch" / "t.runs" / "1"
     md = report.read_text()
-    assert (f"| aq_medai | {AQ_VERDICT} | not measured | not measured | yes, 48 | 1.65 (3) "
-            "| 21.7% | 0.411 | 42% (sglang_legacy) |") in md
+    assert (
+        f"| aq_medai | {AQ_VERDICT} | not measured | not measured | yes, 48 | 1.65 (3) "
+        "| 21.7% | 0.411 | 42% (sglang_legacy) |"
+    ) in md
     assert "| custom | no speed-up: tau=1.00, no draft accepted |" in md
     assert "| 128 | 48* | 849, once | no level with 48 in flight | – | not compared | – |" in md
     assert "| 128 | 128 | not measured | 2370, once (peak) | – | not measured | – |" in md
@@ -603,18 +794,29 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
 def test_results_read_from_json_files(pdir: PlanDir) -> None:
     """Results given as orch.bench/v1 and v2 files; a file of another schema fails the task,
     named."""
-    base = {"schema": "orch.bench/v1", "raw": {"tool output": "ignored"},
-            "levels": [{"concurrency": 1, "achieved_concurrency": 1.0, "output_tok_s": 63.6,
-                        "tpot_ms": 15.5},
-                       {"concurrency": 32, "achieved_concurrency": 31.2,
-                        "output_tok_s": 1200.0}]}
-    cand = {"schema": "orch.bench/v1",
-            "levels": [{"concurrency": 1, "achieved_concurrency": 1.0, "output_tok_s": 89.0},
-                       {"concurrency": 32, "achieved_concurrency": 30.8, "output_tok_s": 1000.0}],
-            "server": {"engine": "sglang", "max_running_requests": 48},
-            "spec": {"draft_tokens": 3, "accept_length": 2.4}}
-    v2 = {**cand, "schema": "orch.bench/v2", "source": {"run": 2, "task": "bench_aq"},
-          "levels": [_lv(1, 89.0, 87.0, 91.0), _lv(32, 1000.0, 990.0, 1010.0)]}
+    base = {
+        "schema": "orch.bench/v1",
+        "raw": {"tool output": "ignored"},
+        "levels": [
+            {"concurrency": 1, "achieved_concurrency": 1.0, "output_tok_s": 63.6, "tpot_ms": 15.5},
+            {"concurrency": 32, "achieved_concurrency": 31.2, "output_tok_s": 1200.0},
+        ],
+    }
+    cand = {
+        "schema": "orch.bench/v1",
+        "levels": [
+            {"concurrency": 1, "achieved_concurrency": 1.0, "output_tok_s": 89.0},
+            {"concurrency": 32, "achieved_concurrency": 30.8, "output_tok_s": 1000.0},
+        ],
+        "server": {"engine": "sglang", "max_running_requests": 48},
+        "spec": {"draft_tokens": 3, "accept_length": 2.4},
+    }
+    v2 = {
+        **cand,
+        "schema": "orch.bench/v2",
+        "source": {"run": 2, "task": "bench_aq"},
+        "levels": [_lv(1, 89.0, 87.0, 91.0), _lv(32, 1000.0, 990.0, 1010.0)],
+    }
     (pdir.root / "base.json").write_text(json.dumps(base))
     (pdir.root / "cand.json").write_text(json.dumps(cand))
     (pdir.root / "v2.json").write_text(json.dumps(v2))
@@ -637,17 +839,21 @@ def test_results_read_from_json_files(pdir: PlanDir) -> None:
     doc = json.loads(r.stdout)
     f = _findings(doc, "a")
     assert f["eagle.verdict"]["value"] == (
-        "wins at concurrency 1 (1.4x), loses at 32 (0.83x); measured once: no spread known")
+        "wins at concurrency 1 (1.4x), loses at 32 (0.83x); measured once: no spread known"
+    )
     assert f["eagle.speedup_c1"]["value"] == pytest.approx(1.399, abs=1e-3)
     assert f["eagle.loses_at"]["value"] == "32" and f["eagle.pays"]["value"] is False
     assert f["eagle.capped"]["value"] is False
     g = _findings(doc, "b")
     assert g["eagle.speedup_c1"]["note"] == (
-        "1.37-1.43, 3 windows vs measured once: win; 89 vs 63.6 tok/s")
+        "1.37-1.43, 3 windows vs measured once: win; 89 vs 63.6 tok/s"
+    )
     c = next(t for t in doc["tasks"] if t["id"] == "c")
     assert c["status"] == "failed"
-    assert ("candidate eagle: v3.json is 'orch.bench/v3'; this orch reads orch.bench/v1 and "
-            "orch.bench/v2") in c["last_error"]
+    assert (
+        "candidate eagle: v3.json is 'orch.bench/v3'; this orch reads orch.bench/v1 and "
+        "orch.bench/v2"
+    ) in c["last_error"]
 
 
 def test_plan_errors_name_the_line(pdir: PlanDir) -> None:
@@ -672,13 +878,18 @@ def test_plan_errors_name_the_line(pdir: PlanDir) -> None:
 def test_bench_serve_results_are_read_as_written(pdir: PlanDir) -> None:
     """What bench.serve writes (orch.bench/v2, against the stub server) is what analyze.compare
     reads: no refused key, medians with intervals, provenance from the run."""
-    extra = "".join(f"""
+    extra = (
+        "".join(
+            f"""
       - id: {name}
         kind: bench.serve
         needs: [launch]
         params: {{server: launch, concurrency: [1, 2], requests: 2, warmup: 1, output_tokens: 4,
                  input_words: 6, min_windows: 2, max_windows: 2, stability: 0.9, label: {name}}}
-    """ for name in ("base", "cand")) + """
+    """
+            for name in ("base", "cand")
+        )
+        + """
       - id: analyze
         kind: analyze.compare
         needs: [base, cand]
@@ -687,6 +898,7 @@ def test_bench_serve_results_are_read_as_written(pdir: PlanDir) -> None:
           candidates:
             cand: ${tasks.cand.findings.result}
     """
+    )
     plan = pdir.write(stub_plan(free_port(), extra=extra))
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 0, r.stderr

@@ -60,8 +60,12 @@ def test_alias_bomb_is_a_plan_error_with_bounded_memory(tmp_path: Path) -> None:
     for levels in (9, 10):
         plan = tmp_path / f"bomb{levels}.yaml"
         plan.write_text(alias_bomb(levels))
-        r = subprocess.run([sys.executable, "-c", PEAK, ORCH, "validate", str(plan)],
-                           capture_output=True, text=True, timeout=60)
+        r = subprocess.run(
+            [sys.executable, "-c", PEAK, ORCH, "validate", str(plan)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         code, peak_kib = map(int, r.stdout.split())
         assert code == 2, r.stderr
         assert f"bomb{levels}.yaml:" in r.stderr and "alias bomb" in r.stderr
@@ -84,8 +88,10 @@ def test_plans_with_merge_aliases_still_load() -> None:
 def nested(levels: int) -> str:
     """A plan whose deepest value sits `levels` collections down (the top mapping included)."""
     inner = levels - 4  # plan mapping, tasks list, task mapping, params mapping
-    return ("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true', "
-            f"x: {'[' * inner}{']' * inner}}}}}]\n")
+    return (
+        "name: t\ntasks: [{id: a, kind: shell, params: {command: 'true', "
+        f"x: {'[' * inner}{']' * inner}}}}}]\n"
+    )
 
 
 def test_nesting_depth_is_bounded_at_the_limit(tmp_path: Path) -> None:
@@ -107,12 +113,12 @@ def test_depth_counts_what_aliases_expand_to(tmp_path: Path) -> None:
     named rather than recursed into."""
     half = "[" * 20 + "]" * 20
     plan = tmp_path / "p.yaml"
-    plan.write_text(f"name: t\nvars:\n  a: &a {half}\n  b: [[[[[[[[[[[[[[*a]]]]]]]]]]]]]]\n"
-                    + TASK)
+    plan.write_text(f"name: t\nvars:\n  a: &a {half}\n  b: [[[[[[[[[[[[[[*a]]]]]]]]]]]]]]\n" + TASK)
     refused(plan, r"p\.yaml:4: nested more than 32 levels deep \(aliases expanded\)")
     # An alias inside an anchor brings its depth along when that anchor is used in turn.
-    plan.write_text(f"name: t\nvars:\n  a: &a {half}\n  b: &b [*a]\n"
-                    f"  c: {'[' * 12}*b{']' * 12}\n" + TASK)
+    plan.write_text(
+        f"name: t\nvars:\n  a: &a {half}\n  b: &b [*a]\n  c: {'[' * 12}*b{']' * 12}\n" + TASK
+    )
     refused(plan, r"p\.yaml:5: nested more than 32 levels deep \(aliases expanded\)")
     plan.write_text("name: t\nvars:\n  a: &a [1, *a]\n" + TASK)
     refused(plan, r"p\.yaml:3: alias \*a refers to a value that contains it")
@@ -136,17 +142,24 @@ def test_long_values_names_and_files_are_refused(tmp_path: Path) -> None:
 
 def test_when_depth_and_length_are_refused_at_load(tmp_path: Path) -> None:
     """1,000 `not`s crashed the run that reached it; now the plan does not load."""
+
     def plan_with(when: str) -> Path:
         plan = tmp_path / "p.yaml"
-        plan.write_text(f"name: t\ntasks:\n  - {{id: a, kind: shell, when: \"{when}\", "
-                        "params: {command: 'true'}}\n")
+        plan.write_text(
+            f'name: t\ntasks:\n  - {{id: a, kind: shell, when: "{when}", '
+            "params: {command: 'true'}}\n"
+        )
         return plan
 
     assert validate(plan_with("not " * 10 + "true"))[0] == 0
-    refused(plan_with("not " * 1000 + "true"),
-            r"p\.yaml:3: task 'a': `when` is 4,004 characters; the limit is 1,000")
-    refused(plan_with("not " * 200 + "true"),
-            r"p\.yaml:3: task 'a': `when` is nested too deeply \(more than 32 levels\)")
+    refused(
+        plan_with("not " * 1000 + "true"),
+        r"p\.yaml:3: task 'a': `when` is 4,004 characters; the limit is 1,000",
+    )
+    refused(
+        plan_with("not " * 200 + "true"),
+        r"p\.yaml:3: task 'a': `when` is nested too deeply \(more than 32 levels\)",
+    )
     refused(plan_with("not " * MAX_WHEN_DEPTH + "true"), r"`when` is nested too deeply")
     refused(plan_with("(" * 300 + "true" + ")" * 300), r"p\.yaml:3: task 'a': `when` ")
 
@@ -154,8 +167,10 @@ def test_when_depth_and_length_are_refused_at_load(tmp_path: Path) -> None:
 def test_did_you_mean_has_a_budget_over_many_unknown_needs(tmp_path: Path) -> None:
     """1,000 unknown needs are all reported, but only the first few get a suggestion: each
     suggestion scans every id, so all of them would be quadratic (5,000 took minutes)."""
-    tasks = "".join(f"  - {{id: t{i}, kind: shell, needs: [t{i}_], params: {{command: 'true'}}}}\n"
-                    for i in range(1000))
+    tasks = "".join(
+        f"  - {{id: t{i}, kind: shell, needs: [t{i}_], params: {{command: 'true'}}}}\n"
+        for i in range(1000)
+    )
     plan = tmp_path / "p.yaml"
     plan.write_text("name: t\ntasks:\n" + tasks)
     with pytest.raises(PlanError) as caught:
@@ -192,7 +207,7 @@ def test_long_finding_lines_are_rejected_not_parsed() -> None:
     assert found is not None
     assert (found.key, found.value) == (REJECTED_KEY, "speed")
     assert found.note and "10,000,018 characters, over the limit of 65,536" in found.note
-    quoted = "::finding n=2 note=\"" + 'a\\" ' * 16_000 + "\" unit=s"
+    quoted = '::finding n=2 note="' + 'a\\" ' * 16_000 + '" unit=s'
     assert parse_finding_line(quoted) == Finding("n", 2, "s", 'a" ' * 16_000)
 
 

@@ -47,8 +47,13 @@ def test_status_imports_nothing_heavy(pdir: PlanDir) -> None:
         finally:
             print("LOADED", sorted(m for m in {HEAVY!r} if m in sys.modules))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"NO_COLOR": "1", "PATH": ""},
+        check=True,
+    ).stdout
     assert "1 task: 1 completed" in out
     assert "LOADED []" in out
 
@@ -74,15 +79,19 @@ def test_entry_point_task_kind_is_found(tmp_path: Path, pdir: PlanDir) -> None:
     site = tmp_path / "site"
     (site / "orch_hello-1.0.dist-info").mkdir(parents=True)
     (site / "orch_hello-1.0.dist-info" / "METADATA").write_text(
-        "Metadata-Version: 2.1\nName: orch-hello\nVersion: 1.0\n")
+        "Metadata-Version: 2.1\nName: orch-hello\nVersion: 1.0\n"
+    )
     (site / "orch_hello-1.0.dist-info" / "entry_points.txt").write_text(
-        "[orch.tasks]\nhello = orch_hello:Hello\n")
-    (site / "orch_hello.py").write_text(textwrap.dedent("""
+        "[orch.tasks]\nhello = orch_hello:Hello\n"
+    )
+    (site / "orch_hello.py").write_text(
+        textwrap.dedent("""
         from orchestrator import Context, Task
         class Hello(Task):
             def run(self, ctx: Context) -> None:
                 ctx.finding("said", "hello")
-    """))
+    """)
+    )
     plan = pdir.write("name: t\ntasks: [{id: a, kind: hello}]\n")
     env = {"PYTHONPATH": str(site)}
     assert run_orch("validate", plan, env=env).returncode == 0
@@ -112,8 +121,13 @@ def test_rerun_of_finished_plan_imports_nothing_heavy(pdir: PlanDir) -> None:
             pass
         print("LOADED", sorted(m for m in {HEAVY!r} if m in sys.modules))
     """)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"NO_COLOR": "1", "PATH": ""}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        env={"NO_COLOR": "1", "PATH": ""},
+        check=True,
+    ).stdout
     assert "1 task: 1 completed" in out
     assert "LOADED []" in out
 
@@ -207,8 +221,17 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
     shutil.copytree(Path(__file__).resolve().parent.parent / "plans", tmp_path / "plans")
     examples = help_examples()
     assert len(examples) >= 10, examples
-    order = ("orch validate", "orch plan", "orch run", "orch status", "orch logs",
-             "orch history", "orch report", "orch forget", "orch reset")
+    order = (
+        "orch validate",
+        "orch plan",
+        "orch run",
+        "orch status",
+        "orch logs",
+        "orch history",
+        "orch report",
+        "orch forget",
+        "orch reset",
+    )
     examples.sort(key=lambda e: next(i for i, o in enumerate(order) if e.startswith(o)))
     for example in examples:
         r = run_orch(*example.split()[1:], cwd=tmp_path, timeout=120)
@@ -230,12 +253,16 @@ def test_forget_and_reset_make_tasks_run_again_and_are_recorded(pdir: PlanDir) -
     assert "b=" not in run_orch("status", plan).stdout  # a forgotten task shows no findings
     assert run_orch("run", plan).returncode == 0  # the finished-plan shortcut is not taken
     assert ran.read_text().split() == ["a", "b", "b"]
-    assert pdir.transitions("b")[-3:] == [("completed", "pending"), ("pending", "in_progress"),
-                                           ("in_progress", "completed")]
+    assert pdir.transitions("b")[-3:] == [
+        ("completed", "pending"),
+        ("pending", "in_progress"),
+        ("in_progress", "completed"),
+    ]
     moves = run_orch("history", plan, "--task", "b").stdout
     assert "completed -> pending" in moves and "forgotten by orch forget" in moves
-    refused = subprocess.run([ORCH, "reset", str(plan)], input="n\n", capture_output=True,
-                             text=True)
+    refused = subprocess.run(
+        [ORCH, "reset", str(plan)], input="n\n", capture_output=True, text=True
+    )
     assert refused.returncode == 2 and set(pdir.statuses().values()) == {"completed"}
     assert run_orch("reset", plan, "--yes").returncode == 0
     assert set(pdir.statuses().values()) == {"pending"}

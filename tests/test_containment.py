@@ -32,10 +32,10 @@ ESCAPES = {
     "setsid_f": "setsid -f sh -c 'echo $$ > P; exec sleep 300'",
     "set_m": "set -m; sh -c 'echo $$ > P; exec sleep 300' &",
     "setpgrp": f"{PY} -c 'import os, time; os.setpgrp(); "
-               "open(\"P\", \"w\").write(str(os.getpid())); time.sleep(300)' &",
+    'open("P", "w").write(str(os.getpid())); time.sleep(300)\' &',
     "double_fork": f"{PY} -c 'import os, time; os.fork() and os._exit(0); os.setsid(); "
-                   "os.fork() and os._exit(0); open(\"P\", \"w\").write(str(os.getpid())); "
-                   "time.sleep(300)'",
+    'os.fork() and os._exit(0); open("P", "w").write(str(os.getpid())); '
+    "time.sleep(300)'",
 }
 # Leaves the group and clears its environment: only a cgroup (or scope) holds it.
 ENV_CLEARED = "setsid env -i sh -c 'echo $$ > P; exec sleep 300' &"
@@ -74,20 +74,28 @@ def own_cgroups(pdir: PlanDir) -> list[Path]:
     if mount is None or not pdir.store_path().exists():
         return []
     with pdir.db() as conn:
-        attempts = conn.execute("SELECT DISTINCT run_id, task_id, attempt FROM transitions"
-                                " WHERE to_status='in_progress'").fetchall()
+        attempts = conn.execute(
+            "SELECT DISTINCT run_id, task_id, attempt FROM transitions"
+            " WHERE to_status='in_progress'"
+        ).fetchall()
     tag = store_tag(pdir.store_path())
-    return [mount / "orch" / Jail((PROCESS_MARKER, f"{r}:{t}:{a}@{tag}"), "cgroup").name
-            for r, t, a in attempts]
+    return [
+        mount / "orch" / Jail((PROCESS_MARKER, f"{r}:{t}:{a}@{tag}"), "cgroup").name
+        for r, t, a in attempts
+    ]
 
 
 def escape_plan(pdir: PlanDir, escape: str, then: str, timeout: str = "30s") -> Path:
     pidfile = pdir.root / "escapee.pid"
-    command = (f"[ -e {pdir.root}/fast ] && exit 0\n{escape.replace('P', str(pidfile))}\n"
-               f"while [ ! -s {pidfile} ]; do sleep 0.02; done\n{then}\n")
+    command = (
+        f"[ -e {pdir.root}/fast ] && exit 0\n{escape.replace('P', str(pidfile))}\n"
+        f"while [ ! -s {pidfile} ]; do sleep 0.02; done\n{then}\n"
+    )
     indented = "".join(f"        {line}\n" for line in command.splitlines())
-    return pdir.write(f"name: t\ntasks:\n  - id: a\n    kind: shell\n    timeout: {timeout}\n"
-                      f"    params:\n      command: |\n{indented}")
+    return pdir.write(
+        f"name: t\ntasks:\n  - id: a\n    kind: shell\n    timeout: {timeout}\n"
+        f"    params:\n      command: |\n{indented}"
+    )
 
 
 def escapee(pdir: PlanDir) -> int:
@@ -98,8 +106,9 @@ def escapee(pdir: PlanDir) -> int:
 
 
 @pytest.mark.parametrize("style", ESCAPES)
-def test_escapee_ends_with_its_task(pdir: PlanDir, mechanism: str, style: str,
-                                    escapees: list[int]) -> None:
+def test_escapee_ends_with_its_task(
+    pdir: PlanDir, mechanism: str, style: str, escapees: list[int]
+) -> None:
     r = run_orch("run", escape_plan(pdir, ESCAPES[style], "exit 0"))
     assert r.returncode == 0, r.stderr
     pid = int((pdir.root / "escapee.pid").read_text())
@@ -107,16 +116,18 @@ def test_escapee_ends_with_its_task(pdir: PlanDir, mechanism: str, style: str,
 
 
 @pytest.mark.parametrize("style", ["setsid_f", "double_fork"])
-def test_escapee_ends_when_its_task_times_out(pdir: PlanDir, style: str,
-                                              escapees: list[int]) -> None:
+def test_escapee_ends_when_its_task_times_out(
+    pdir: PlanDir, style: str, escapees: list[int]
+) -> None:
     r = run_orch("run", escape_plan(pdir, ESCAPES[style], "sleep 30", timeout="1s"))
     assert r.returncode == 1 and "timed out" in pdir.todo("a")["last_error"]
     assert not pid_alive(int((pdir.root / "escapee.pid").read_text()))
 
 
 @pytest.mark.parametrize("style", ["setsid", "setpgrp"])
-def test_escapee_ends_when_the_run_is_interrupted(pdir: PlanDir, style: str,
-                                                  escapees: list[int]) -> None:
+def test_escapee_ends_when_the_run_is_interrupted(
+    pdir: PlanDir, style: str, escapees: list[int]
+) -> None:
     proc = start_orch("run", escape_plan(pdir, ESCAPES[style], "sleep 30"))
     pid = escapee(pdir)
     proc.send_signal(signal.SIGTERM)
@@ -127,7 +138,8 @@ def test_escapee_ends_when_the_run_is_interrupted(pdir: PlanDir, style: str,
 
 @pytest.mark.parametrize("style", ESCAPES)
 def test_escapee_of_a_sigkilled_orch_is_ended_by_the_next_run(
-        pdir: PlanDir, mechanism: str, style: str, escapees: list[int]) -> None:
+    pdir: PlanDir, mechanism: str, style: str, escapees: list[int]
+) -> None:
     plan = escape_plan(pdir, ESCAPES[style], "sleep 30")
     proc = start_orch("run", plan)
     pid = escapee(pdir)
@@ -143,7 +155,8 @@ def test_escapee_of_a_sigkilled_orch_is_ended_by_the_next_run(
 
 @pytest.mark.skipif(not CGROUP, reason="no writable cgroup2 here")
 def test_cgroup_holds_a_process_that_cleared_its_environment(
-        pdir: PlanDir, escapees: list[int]) -> None:
+    pdir: PlanDir, escapees: list[int]
+) -> None:
     plan = escape_plan(pdir, ENV_CLEARED, "sleep 30")
     proc = start_orch("run", plan)
     pid = escapee(pdir)
@@ -156,7 +169,8 @@ def test_cgroup_holds_a_process_that_cleared_its_environment(
 
 
 def test_marker_fallback_adopts_an_env_cleared_orphan_while_orch_lives(
-        pdir: PlanDir, monkeypatch: pytest.MonkeyPatch, escapees: list[int]) -> None:
+    pdir: PlanDir, monkeypatch: pytest.MonkeyPatch, escapees: list[int]
+) -> None:
     """Subreaper: the orphan re-parents to orch, which ends it with the task."""
     monkeypatch.setenv("ORCH_CONTAINMENT", "marker")
     r = run_orch("run", escape_plan(pdir, ENV_CLEARED, "exit 0"))
@@ -207,10 +221,16 @@ def test_zombie_orch_is_judged_dead(pdir: PlanDir, escapees: list[int]) -> None:
     """orch SIGKILLed under a parent that does not reap it: `orch status` says interrupted."""
     plan = escape_plan(pdir, "sleep 300 & echo $! > P", "sleep 30")
     parent = subprocess.Popen(  # starts orch and never waits for it
-        [PY, "-c", "import subprocess, sys, time; "
-         f"p = subprocess.Popen([{ORCH!r}, 'run', {str(plan)!r}], stdout=subprocess.DEVNULL, "
-         "stderr=subprocess.DEVNULL); print(p.pid, flush=True); time.sleep(60)"],
-        stdout=subprocess.PIPE, text=True)
+        [
+            PY,
+            "-c",
+            "import subprocess, sys, time; "
+            f"p = subprocess.Popen([{ORCH!r}, 'run', {str(plan)!r}], stdout=subprocess.DEVNULL, "
+            "stderr=subprocess.DEVNULL); print(p.pid, flush=True); time.sleep(60)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert parent.stdout is not None
         orch = int(parent.stdout.readline())
@@ -297,6 +317,7 @@ def test_server_group_ends_a_server_that_left_its_group(tmp_path: Path, mechanis
 
 # --- under systemd (tests/sandbox.py): a transient scope per attempt --------------------------
 
+
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[Sandbox]:
     sb = start()
@@ -309,8 +330,11 @@ def sandbox() -> Iterator[Sandbox]:
 
 def _alive_in(sb: Sandbox, pid: int) -> bool:
     """`pid` is alive in the sandbox's PID namespace."""
-    r = sb.python("import sys\nfrom orchestrator.process import is_alive\n"
-                  "sys.exit(0 if is_alive(int(sys.argv[1])) else 1)", str(pid))
+    r = sb.python(
+        "import sys\nfrom orchestrator.process import is_alive\n"
+        "sys.exit(0 if is_alive(int(sys.argv[1])) else 1)",
+        str(pid),
+    )
     return r.returncode == 0
 
 
@@ -321,15 +345,22 @@ def test_systemd_scope_holds_an_env_cleared_escapee(sandbox: Sandbox, ending: st
     root.mkdir()
     pdir = PlanDir(root)
     record = f"cat /proc/self/cgroup > {root}/cgroup.txt"
-    plan = escape_plan(pdir, f"{record}\n{ENV_CLEARED}",
-                       "exit 0" if ending == "task ends" else "sleep 30")
+    plan = escape_plan(
+        pdir, f"{record}\n{ENV_CLEARED}", "exit 0" if ending == "task ends" else "sleep 30"
+    )
     if ending == "task ends":
         r = sandbox.run([ORCH, "run", str(plan)])
     else:
         pidfile = root / "escapee.pid"
-        r = sandbox.run(["sh", "-c", f"{ORCH} run {plan} >/dev/null 2>&1 & o=$!; "
-                         f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 0.2; "
-                         f"kill -9 $o; wait $o; touch {root}/fast; {ORCH} run {plan}"])
+        r = sandbox.run(
+            [
+                "sh",
+                "-c",
+                f"{ORCH} run {plan} >/dev/null 2>&1 & o=$!; "
+                f"while [ ! -s {pidfile} ]; do sleep 0.05; done; sleep 0.2; "
+                f"kill -9 $o; wait $o; touch {root}/fast; {ORCH} run {plan}",
+            ]
+        )
     assert r.returncode == 0, r.stdout + r.stderr
     cgroup = (root / "cgroup.txt").read_text()
     assert "/orch-" in cgroup and ".scope" in cgroup, cgroup

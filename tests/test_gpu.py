@@ -39,12 +39,15 @@ NVML = snapshot()
 HAVE_NVML = not isinstance(NVML, NvmlUnavailable)
 
 no_driver = pytest.mark.skipif(
-    HAVE_NVML, reason="NVML works here: the no-driver path is tested where there is no driver")
+    HAVE_NVML, reason="NVML works here: the no-driver path is tested where there is no driver"
+)
 with_gpu = pytest.mark.skipif(
-    not HAVE_NVML, reason=f"{NVML}; GPU tests run on an NVIDIA machine: scripts/gpu-tests.sh")
+    not HAVE_NVML, reason=f"{NVML}; GPU tests run on an NVIDIA machine: scripts/gpu-tests.sh"
+)
 
 
 # --- no driver: a clear, typed outcome, never a traceback ----------------------------------------
+
 
 @no_driver
 def test_without_driver_nvml_is_a_typed_outcome() -> None:
@@ -65,7 +68,8 @@ def test_without_gpus_the_flagship_stops_at_its_first_precondition(tmp_path: Pat
     assert tasks["stop_vllm"]["status"] == "blocked"
     assert tasks["stop_vllm"]["reason"] == (
         "precondition gpu.count failed: NVML unavailable: no NVIDIA driver here "
-        "(libnvidia-ml.so.1 not found)")
+        "(libnvidia-ml.so.1 not found)"
+    )
     assert tasks["free_gpus"]["reason"] == "needs stop_vllm, which is blocked"
     assert all(t["attempts"] == 0 for t in tasks.values())  # nothing was started
 
@@ -92,7 +96,8 @@ def test_without_driver_kinds_block_and_fail_clearly(pdir: PlanDir) -> None:
     for check, task in (("gpu.free", "free"), ("gpu.count", "count")):
         assert tasks[task]["status"] == "blocked"
         assert tasks[task]["reason"].startswith(
-            f"precondition {check} failed: NVML unavailable: no NVIDIA driver here")
+            f"precondition {check} failed: NVML unavailable: no NVIDIA driver here"
+        )
     assert tasks["wait"]["status"] == "failed"
     assert tasks["wait"]["last_error"].startswith("NVML unavailable: no NVIDIA driver here")
     log = run_orch("logs", plan, "wait")
@@ -100,6 +105,7 @@ def test_without_driver_kinds_block_and_fail_clearly(pdir: PlanDir) -> None:
 
 
 # --- no GPU needed: params, selection, messages --------------------------------------------------
+
 
 def test_gpu_params_are_checked_when_the_plan_loads(pdir: PlanDir) -> None:
     """Bad GPU selections and bounds are plan errors with their lines; good ones validate."""
@@ -122,7 +128,8 @@ def test_gpu_params_are_checked_when_the_plan_loads(pdir: PlanDir) -> None:
     assert "-1 is not a GPU index" in r.stderr
     assert "give `count` or `at_least`, not both" in r.stderr
     assert r.stderr.count("plan.yaml:") >= 3
-    good = pdir.write("""
+    good = pdir.write(
+        """
         name: t
         tasks:
           - id: a
@@ -131,30 +138,40 @@ def test_gpu_params_are_checked_when_the_plan_loads(pdir: PlanDir) -> None:
             preconditions:
               - {kind: gpu.free, gpus: [GPU-8d4e, 3], no_processes: false, wait: 1m}
               - {kind: gpu.count, count: 8, model: H200}
-    """, "good.yaml")
+    """,
+        "good.yaml",
+    )
     assert run_orch("validate", good).returncode == 0
 
 
 def _gpu(index: int, used_gib: float, *procs: GpuProcess, mig: bool = False) -> Gpu:
-    return Gpu(index, f"GPU-{index}aaa-{index}", "NVIDIA H200", int(used_gib * GIB),
-               141 * GIB, procs, mig)
+    return Gpu(
+        index, f"GPU-{index}aaa-{index}", "NVIDIA H200", int(used_gib * GIB), 141 * GIB, procs, mig
+    )
 
 
-VLLM = GpuProcess(4121, int(70.1 * GIB), ProcessInfo(
-    4121, "python", "python -m vllm.entrypoints.openai.api_server", "svc"), True)
+VLLM = GpuProcess(
+    4121,
+    int(70.1 * GIB),
+    ProcessInfo(4121, "python", "python -m vllm.entrypoints.openai.api_server", "svc"),
+    True,
+)
 
 
 def test_busy_names_holders_with_mig_and_unknown_memory() -> None:
     """The blocked message names each holder; MIG and a None usedGpuMemory read plainly."""
     assert busy(_gpu(3, 71.2, VLLM), GIB, True) == (
-        "GPU 3 holds 71.2 GiB: pid 4121 python -m vllm.entrypoints.openai.api_server (user svc)")
+        "GPU 3 holds 71.2 GiB: pid 4121 python -m vllm.entrypoints.openai.api_server (user svc)"
+    )
     hidden = GpuProcess(77, None, None, False)
     assert busy(_gpu(1, 30, VLLM, hidden, mig=True), GIB, True) == (
         "GPU 1 (MIG) holds 30.0 GiB: pid 4121 python -m vllm.entrypoints.openai.api_server "
-        "(user svc) 70.1 GiB, pid 77 (not visible here: another PID namespace?) memory unknown")
+        "(user svc) 70.1 GiB, pid 77 (not visible here: another PID namespace?) memory unknown"
+    )
     assert busy(_gpu(0, 0.5, hidden), GIB, True) == (
         "GPU 0 has 1 compute process (512.0 MiB used): "
-        "pid 77 (not visible here: another PID namespace?)")
+        "pid 77 (not visible here: another PID namespace?)"
+    )
     assert busy(_gpu(0, 0.5, hidden), GIB, False) is None
     assert busy(_gpu(0, 0.1), GIB, True) is None
     assert "lists no compute process" in (busy(_gpu(2, 9), GIB, True) or "")
@@ -193,16 +210,21 @@ while True:
 class Holder:
     """A torch process holding `mib` MiB of one GPU; records when it exits (wall clock)."""
 
-    def __init__(self, gpu: Gpu, mib: int = 2048, stubborn: bool = False,
-                 log: Path | None = None) -> None:
+    def __init__(
+        self, gpu: Gpu, mib: int = 2048, stubborn: bool = False, log: Path | None = None
+    ) -> None:
         self.log = log or HOLDER_SCRIPT.with_name(f"orch_gpu_holder.{os.getpid()}.{id(self)}.log")
         if not HOLDER_SCRIPT.exists() or HOLDER_SCRIPT.read_text() != HOLDER:
             HOLDER_SCRIPT.write_text(HOLDER)
         with self.log.open("w") as err:
             self.proc = subprocess.Popen(
                 [sys.executable, str(HOLDER_SCRIPT), str(mib), "stubborn" if stubborn else "plain"],
-                stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=True,
-                env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid})
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+                start_new_session=True,
+                env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu.uuid},
+            )
         self.pid = self.proc.pid
         self.exited_at: float | None = None
         self._reaper = threading.Thread(target=self._reap, daemon=True)
@@ -233,8 +255,9 @@ class Holder:
     def __enter__(self) -> Holder:
         return self
 
-    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait(30)
@@ -300,7 +323,8 @@ def test_holder_seen_blocks_then_waits_until_freed(pdir: PlanDir, idle_gpu: Gpu)
         error = pdir.todo("short_wait")["last_error"]
         assert error.startswith("not free after 1.") and f"pid {h.pid} " in error
 
-        waiting = pdir.write(f"""
+        waiting = pdir.write(
+            f"""
             name: t
             tasks:
               - id: held
@@ -308,7 +332,9 @@ def test_holder_seen_blocks_then_waits_until_freed(pdir: PlanDir, idle_gpu: Gpu)
                 preconditions:
                   - {{kind: gpu.free, gpus: [{gpu.index}], wait: 60s, every: 100ms}}
                 params: {{command: "true"}}
-        """, "wait.yaml")
+        """,
+            "wait.yaml",
+        )
         timer = threading.Timer(1.0, h.stop)
         timer.start()
         started = time.monotonic()
@@ -319,7 +345,8 @@ def test_holder_seen_blocks_then_waits_until_freed(pdir: PlanDir, idle_gpu: Gpu)
 
 
 def _wait_plan(pdir: PlanDir, gpu: Gpu, extra: str = "", name: str = "plan.yaml") -> Path:
-    return pdir.write(f"""
+    return pdir.write(
+        f"""
         name: t
         tasks:
           - id: free
@@ -333,7 +360,9 @@ def _wait_plan(pdir: PlanDir, gpu: Gpu, extra: str = "", name: str = "plan.yaml"
               - {{kind: gpu.count, at_least: 1, model: {_model(gpu)}}}
               - {{kind: gpu.free, gpus: {gpu.index}}}
             params: {{command: "true"}}
-    """, name)
+    """,
+        name,
+    )
 
 
 def _findings(pdir: PlanDir, plan: Path, task: str) -> dict[str, object]:
@@ -346,14 +375,14 @@ def _wait_until_waiting(pdir: PlanDir, orch: subprocess.Popen[str]) -> None:
     def waiting() -> bool:
         assert orch.poll() is None, orch.communicate()
         return pdir.status_of("free") == "in_progress"
+
     wait_for(waiting, 30, "gpu.wait_free to start")
     time.sleep(0.5)  # it is polling by now: its first look takes milliseconds
 
 
 @pytest.mark.gpu
 @with_gpu
-def test_wait_free_through_orch_run_completes_within_a_second(
-        pdir: PlanDir, idle_gpu: Gpu) -> None:
+def test_wait_free_through_orch_run_completes_within_a_second(pdir: PlanDir, idle_gpu: Gpu) -> None:
     """`orch run`: gpu.wait_free waits for a torch holder, completes < 1 s after it exits,
     the next task's gpu.free passes; the board and --json show the findings."""
     plan = _wait_plan(pdir, idle_gpu)
@@ -437,8 +466,11 @@ def test_detection_latency(tmp_path: Path, idle_gpu: Gpu) -> None:
     one_look = time.monotonic() - started
 
     def ms(xs: list[float]) -> str:
-        return (f"median {statistics.median(xs) * 1000:.0f} ms, max {max(xs) * 1000:.0f} ms "
-                f"[{', '.join(f'{x * 1000:.0f}' for x in xs)}]")
+        return (
+            f"median {statistics.median(xs) * 1000:.0f} ms, max {max(xs) * 1000:.0f} ms "
+            f"[{', '.join(f'{x * 1000:.0f}' for x in xs)}]"
+        )
+
     driver = NVML.driver if not isinstance(NVML, NvmlUnavailable) else "?"
     report = (
         f"{trials} trials, {idle_gpu.name}, driver {driver}, gpu.wait_free polling every 100 ms:"
@@ -446,7 +478,8 @@ def test_detection_latency(tmp_path: Path, idle_gpu: Gpu) -> None:
         f"\n  NVML reads free -> gpu.wait_free completed:       {ms(detect)}"
         f"\n  holder exited (reaped) -> gpu.wait_free completed: {ms(after_exit)}"
         f"\n  one look at 1 GPU held by 1 process: median {statistics.median(polls) * 1e3:.2f} ms,"
-        f" max {max(polls) * 1e3:.2f} ms; init + look + shutdown: {one_look * 1e3:.0f} ms\n")
+        f" max {max(polls) * 1e3:.2f} ms; init + look + shutdown: {one_look * 1e3:.0f} ms\n"
+    )
     print("\n" + report)
     if path := os.environ.get("ORCH_GPU_REPORT"):
         with open(path, "a") as f:
@@ -485,8 +518,10 @@ class _FreeWatcher(threading.Thread):
                 # gpu.wait_free's own test, with the processes listed only when memory is low.
                 if look.gpus[0].used_bytes <= GIB:
                     full = self.nvml.snapshot([self.gpu.index])
-                    if not isinstance(full, NvmlUnavailable) and busy(
-                            full.gpus[0], GIB, True) is None:
+                    if (
+                        not isinstance(full, NvmlUnavailable)
+                        and busy(full.gpus[0], GIB, True) is None
+                    ):
                         self.free_at = time.time()
                         return
                 time.sleep(0.001)
@@ -507,7 +542,8 @@ runpy.run_path(STUB, run_name="__main__")
 @with_gpu
 @pytest.mark.gpu
 def test_launch_shows_gpu_memory_growing_while_the_server_loads(
-        pdir: PlanDir, idle_gpu: Gpu) -> None:
+    pdir: PlanDir, idle_gpu: Gpu
+) -> None:
     """server.launch's progress reads NVML: a long load is visibly a load; server.stop frees
     the GPU (no process of the server keeps its memory)."""
     stub = Path(__file__).with_name("openai_stub.py")
@@ -530,8 +566,9 @@ def test_launch_shows_gpu_memory_growing_while_the_server_loads(
     """)
     r = run_orch("run", plan, cwd=pdir.root, timeout=240)
     assert r.returncode == 0, r.stderr
-    grown = [float(x) for x in re.findall(r"GPU memory used [\d.]+ GiB \(\+?(-?[\d.]+) since",
-                                          r.stderr)]
+    grown = [
+        float(x) for x in re.findall(r"GPU memory used [\d.]+ GiB \(\+?(-?[\d.]+) since", r.stderr)
+    ]
     assert len(grown) >= 3, r.stderr
     assert grown == sorted(grown) and grown[-1] >= 3.0  # rising, to the 4 GiB it loads
 

@@ -21,14 +21,16 @@ def _listen() -> socket.socket:
 
 
 def _one_task(pdir: PlanDir, precondition: str) -> str:
-    return str(pdir.write(f"""
+    return str(
+        pdir.write(f"""
         name: t
         tasks:
           - id: a
             kind: shell
             preconditions: [{precondition}]
             params: {{command: "true"}}
-    """))
+    """)
+    )
 
 
 def test_port_held_blocks_naming_the_holder(pdir: PlanDir) -> None:
@@ -49,8 +51,9 @@ def test_port_free_waits_for_release(pdir: PlanDir) -> None:
     timer = threading.Timer(1.0, s.close)
     timer.start()
     try:
-        r = run_orch("run", _one_task(
-            pdir, f"{{kind: port.free, port: {port}, wait: 20s, every: 100ms}}"))
+        r = run_orch(
+            "run", _one_task(pdir, f"{{kind: port.free, port: {port}, wait: 20s, every: 100ms}}")
+        )
     finally:
         timer.join()
         s.close()
@@ -72,12 +75,17 @@ def test_disk_free_reports_what_it_found(pdir: PlanDir) -> None:
 def test_python_package_version_spec(pdir: PlanDir) -> None:
     """python.package checks the version in the given interpreter, and that it imports."""
     py = sys.executable
-    ok = run_orch("run", _one_task(
-        pdir, f"{{kind: python.package, package: pytest, version: '>=7', python: {py}}}"))
+    ok = run_orch(
+        "run",
+        _one_task(pdir, f"{{kind: python.package, package: pytest, version: '>=7', python: {py}}}"),
+    )
     assert ok.returncode == 0, ok.stderr
-    r = run_orch("run", _one_task(
-        pdir, f"{{kind: python.package, package: pytest, version: '<1', python: {py}}}"),
-        "--rerun", "a")
+    r = run_orch(
+        "run",
+        _one_task(pdir, f"{{kind: python.package, package: pytest, version: '<1', python: {py}}}"),
+        "--rerun",
+        "a",
+    )
     assert r.returncode == 1
     assert "does not satisfy <1" in pdir.todo("a")["reason"]
     run_orch("run", _one_task(pdir, "{kind: python.package, package: no-such-dist-x}"))

@@ -40,11 +40,36 @@ CONTEXTS = [
     "echo #X",
 ]
 PAYLOADS = [
-    "a[$(touch PWNED)]", "$(touch PWNED)", "`touch PWNED`", "x[$(touch PWNED)]+1",
-    "1;touch PWNED", "1\ntouch PWNED", "EOF\ntouch PWNED", "1EOF\ntouch PWNED",
-    "'; touch PWNED; '", '"; touch PWNED; "', "a[`touch PWNED`]", "$(<PWNED)", "${x:=1}",
-    "a[$(>PWNED)]", "$(>PWNED)", "`>PWNED`", "x[`>PWNED`]",
-    "x=1", "~root", "*", "a b", "", "é", "0x1f", "-1", "PATH", "n", "1.5", "a,b", "@a%b+c:d",
+    "a[$(touch PWNED)]",
+    "$(touch PWNED)",
+    "`touch PWNED`",
+    "x[$(touch PWNED)]+1",
+    "1;touch PWNED",
+    "1\ntouch PWNED",
+    "EOF\ntouch PWNED",
+    "1EOF\ntouch PWNED",
+    "'; touch PWNED; '",
+    '"; touch PWNED; "',
+    "a[`touch PWNED`]",
+    "$(<PWNED)",
+    "${x:=1}",
+    "a[$(>PWNED)]",
+    "$(>PWNED)",
+    "`>PWNED`",
+    "x[`>PWNED`]",
+    "x=1",
+    "~root",
+    "*",
+    "a b",
+    "",
+    "é",
+    "0x1f",
+    "-1",
+    "PATH",
+    "n",
+    "1.5",
+    "a,b",
+    "@a%b+c:d",
 ]
 SAFE = set("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_@%+:,./-")
 inert_text = st.text(alphabet=sorted(SAFE), min_size=1, max_size=40)
@@ -61,20 +86,34 @@ def script(value_ref: str = "${vars.v}") -> str:
 
 def resolve_params(tmp_path: Path, value: Any) -> dict[str, Any]:
     """The executor's own resolve_params (the one call every task start goes through)."""
-    runner = SimpleNamespace(lookup=lambda ref: value, plan=SimpleNamespace(
-        file=tmp_path / "plan.yaml"), log_dir=tmp_path / ".orch" / "t.runs" / "1")
+    runner = SimpleNamespace(
+        lookup=lambda ref: value,
+        plan=SimpleNamespace(file=tmp_path / "plan.yaml"),
+        log_dir=tmp_path / ".orch" / "t.runs" / "1",
+    )
     params = {"command": script(), "env": {"V": "${vars.v}"}}
     return Runner.resolve_params(runner, ShellTask, params)  # type: ignore[arg-type]
 
 
 @settings(max_examples=500, deadline=None)
-@given(st.one_of(values, st.integers(), st.floats(), st.booleans(), st.none(),
-                 st.lists(st.integers(), max_size=3)))
+@given(
+    st.one_of(
+        values,
+        st.integers(),
+        st.floats(),
+        st.booleans(),
+        st.none(),
+        st.lists(st.integers(), max_size=3),
+    )
+)
 def test_inert_is_exactly_the_safe_set(value: Any) -> None:
     """A value passes exactly when its text is a non-empty word of the safe set within the bound
     (lists, dicts and None never); a refusal names the reference and the way out (argv)."""
-    text = None if isinstance(value, list) else (
-        "true" if value is True else "false" if value is False else str(value))
+    text = (
+        None
+        if isinstance(value, list)
+        else ("true" if value is True else "false" if value is False else str(value))
+    )
     expected = text is not None and value is not None and set(text) <= SAFE and len(text) > 0
     try:
         word = inert_word(Ref("x", "probe"), value)
@@ -89,8 +128,9 @@ def test_inert_words_are_bounded() -> None:
     assert is_inert("a" * INERT_MAX) and not is_inert("a" * (INERT_MAX + 1)) and not is_inert("")
 
 
-@settings(max_examples=100, deadline=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 @given(st.one_of(st.sampled_from(PAYLOADS), inert_text, st.text(max_size=20)))
 def test_no_value_runs_as_code_in_any_bash_context(tmp_path: Path, value: str) -> None:
     """Refused before bash, or bash runs every context for real: the word arrives literally and
@@ -102,9 +142,14 @@ def test_no_value_runs_as_code_in_any_bash_context(tmp_path: Path, value: str) -
         assert not is_inert(value)
         return
     assert is_inert(value)
-    done = subprocess.run(["bash", "-o", "pipefail", "-c", params["command"]], cwd=tmp_path,
-                          env={"PATH": os.environ["PATH"], **params["env"]},
-                          capture_output=True, text=True, timeout=10)
+    done = subprocess.run(
+        ["bash", "-o", "pipefail", "-c", params["command"]],
+        cwd=tmp_path,
+        env={"PATH": os.environ["PATH"], **params["env"]},
+        capture_output=True,
+        text=True,
+        timeout=10,
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines()[0] == f"[{value}]"  # one literal word: no split, no glob
     assert not marker.exists()
@@ -117,13 +162,15 @@ def test_findings_through_orch_run_never_reach_bash_as_code(pdir: PlanDir, paylo
     tasks = "\n".join(
         f"  - {{id: c{i}, kind: shell, needs: [src], params: {{command: "
         f"{json.dumps(c.replace('X', '${tasks.src.findings.result}') + ' ; true')}}}}}"
-        for i, c in enumerate(CONTEXTS))
+        for i, c in enumerate(CONTEXTS)
+    )
     plan = pdir.write(
         "name: t\ntasks:\n"
         f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
         f"args: {{s: {json.dumps(json.dumps(payload))}}}}}}}\n{tasks}\n"
         "  - {id: env, kind: shell, needs: [src], params: {command: '(( V )); true', "
-        "env: {V: '${tasks.src.findings.result}'}}}\n")
+        "env: {V: '${tasks.src.findings.result}'}}}\n"
+    )
     r = run_orch("run", plan, "--keep-going", cwd=pdir.root)
     assert not (pdir.root / "PWNED").exists()
     shell = {k: v for k, v in pdir.statuses().items() if k != "src"}
@@ -165,7 +212,9 @@ def path_plan(pdir: PlanDir, finding: str, cwd: str, name: str = "t") -> Path:
         f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
         f"args: {{s: {json.dumps(json.dumps(finding))}}}}}}}\n"
         f"  - {{id: use, kind: shell, needs: [src], params: {{command: 'pwd > {pdir.root}/cwd', "
-        f"cwd: {json.dumps(cwd)}}}}}\n", f"{name}.yaml")
+        f"cwd: {json.dumps(cwd)}}}}}\n",
+        f"{name}.yaml",
+    )
 
 
 def test_finding_climbing_out_of_the_plan_folder_is_refused(pdir: PlanDir) -> None:
@@ -178,12 +227,17 @@ def test_finding_climbing_out_of_the_plan_folder_is_refused(pdir: PlanDir) -> No
 
 
 def test_finding_inside_its_folder_or_under_a_written_absolute_prefix_is_allowed(
-        pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory) -> None:
+    pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """Inside the plan's folder is fine, and so is anything under an absolute folder the plan
     itself wrote; `..` out of that written folder is not."""
     (pdir.root / "sub").mkdir()
-    assert run_orch("run", path_plan(pdir, "sub", "${tasks.src.findings.result}"),
-                    cwd=pdir.root).returncode == 0
+    assert (
+        run_orch(
+            "run", path_plan(pdir, "sub", "${tasks.src.findings.result}"), cwd=pdir.root
+        ).returncode
+        == 0
+    )
     assert (pdir.root / "cwd").read_text().strip() == str(pdir.root / "sub")
     elsewhere = tmp_path_factory.mktemp("elsewhere")
     (elsewhere / "deep").mkdir()
@@ -196,7 +250,8 @@ def test_finding_inside_its_folder_or_under_a_written_absolute_prefix_is_allowed
 
 
 def test_symlink_out_of_the_plan_folder_is_refused(
-        pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory) -> None:
+    pdir: PlanDir, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     """A symlink inside the folder that points out of it is followed, and refused."""
     outside = tmp_path_factory.mktemp("outside")
     (pdir.root / "link").symlink_to(outside)
@@ -226,7 +281,8 @@ def test_findings_with_escapes_are_stripped_on_the_terminal_exact_in_json(pdir: 
         f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
         f"args: {{s: {json.dumps(json.dumps(NASTY))}}}}}}}\n"
         "  - {id: bad, kind: shell, params: {command: [python3, -c, 'import sys; "
-        f"print(sys.argv[1]); sys.exit(3)', {json.dumps(NASTY)}]}}}}\n")
+        f"print(sys.argv[1]); sys.exit(3)', {json.dumps(NASTY)}]}}}}\n"
+    )
     run = run_orch("run", plan, "--keep-going")
     assert run.returncode == 1
     status = run_orch("status", plan)

@@ -18,14 +18,25 @@ __all__ = ["no_server_left"]  # the autouse fixture: no server process outlives 
 
 
 def bench_plan(stub_args: str, **bench: Any) -> str:
-    params = {"server": "launch", "concurrency": [1, 4], "requests": 8, "warmup": 1,
-              "output_tokens": 12, "input_words": 6, **bench}
-    return stub_plan(free_port(), stub_args=stub_args, extra=f"""
+    params = {
+        "server": "launch",
+        "concurrency": [1, 4],
+        "requests": 8,
+        "warmup": 1,
+        "output_tokens": 12,
+        "input_words": 6,
+        **bench,
+    }
+    return stub_plan(
+        free_port(),
+        stub_args=stub_args,
+        extra=f"""
       - id: bench
         kind: bench.serve
         needs: [launch]
         params: {json.dumps(params)}
-    """)
+    """,
+    )
 
 
 def result_of(plan: Path) -> dict[str, Any]:
@@ -56,8 +67,11 @@ def test_levels_are_repeated_until_the_last_windows_agree(pdir: PlanDir) -> None
 
 def test_a_level_that_never_settles_is_kept_and_marked_unstable(pdir: PlanDir) -> None:
     # Every request slower than the last: consecutive windows never agree within 1%.
-    plan = pdir.write(bench_plan("--drift", concurrency=[2], requests=4, stability=0.01,
-                                 min_windows=2, max_windows=4))
+    plan = pdir.write(
+        bench_plan(
+            "--drift", concurrency=[2], requests=4, stability=0.01, min_windows=2, max_windows=4
+        )
+    )
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 0, r.stderr
     (level,) = result_of(plan)["levels"]
@@ -70,39 +84,63 @@ def test_a_level_that_never_settles_is_kept_and_marked_unstable(pdir: PlanDir) -
 
 
 def test_a_window_with_errors_is_thrown_away_and_measured_again(pdir: PlanDir) -> None:
-    plan = pdir.write(bench_plan("--fail-streams 2", concurrency=[1], requests=4, warmup=0,
-                                 stability=0.9, min_windows=3, max_windows=5))
+    plan = pdir.write(
+        bench_plan(
+            "--fail-streams 2",
+            concurrency=[1],
+            requests=4,
+            warmup=0,
+            stability=0.9,
+            min_windows=3,
+            max_windows=5,
+        )
+    )
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 0, r.stderr
     (level,) = result_of(plan)["levels"]
     assert level["rejected"] == [
-        "window 1: 1 of 4 requests failed (HTTP 500: {\"error\": \"injected failure\"})"]
+        'window 1: 1 of 4 requests failed (HTTP 500: {"error": "injected failure"})'
+    ]
     assert level["windows"] == 3 and level["errors"] == 0  # the kept windows are clean
     got = findings(plan, "bench")
     assert got["c1.rejected_windows"] == 1
 
 
 def test_too_few_clean_windows_fail_the_level_with_the_reasons(pdir: PlanDir) -> None:
-    plan = pdir.write(bench_plan('--fail-streams "1,5,9"', concurrency=[1], requests=4,
-                                 warmup=0, min_windows=2, max_windows=3))
+    plan = pdir.write(
+        bench_plan(
+            '--fail-streams "1,5,9"',
+            concurrency=[1],
+            requests=4,
+            warmup=0,
+            min_windows=2,
+            max_windows=3,
+        )
+    )
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 1
     error = pdir.todo("bench")["last_error"]
-    assert error.startswith("c=1: only 0 clean window(s) of 3, 2 needed: window 1: 1 of 4 "
-                            "requests failed"), error
+    assert error.startswith(
+        "c=1: only 0 clean window(s) of 3, 2 needed: window 1: 1 of 4 requests failed"
+    ), error
 
 
 def test_tokens_all_sent_at_once_are_measured_again_then_fail_never_a_tpot_of_zero(
-        pdir: PlanDir) -> None:
+    pdir: PlanDir,
+) -> None:
     plan = pdir.write(bench_plan("--burst", min_windows=1, max_windows=2))
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 1
-    assert "c=1 window 1 thrown away: 8 of 8 answers arrived with every token in one read" \
-        in r.stderr and "c=1 window 2 thrown away" in r.stderr
+    assert (
+        "c=1 window 1 thrown away: 8 of 8 answers arrived with every token in one read" in r.stderr
+        and "c=1 window 2 thrown away" in r.stderr
+    )
     error = pdir.todo("bench")["last_error"]
-    assert error.startswith("c=1: only 0 clean window(s) of 2, 1 needed: window 1: 8 of 8 "
-                            "answers arrived with every token in one read (TTFT = "
-                            "end-to-end)"), error
+    assert error.startswith(
+        "c=1: only 0 clean window(s) of 2, 1 needed: window 1: 8 of 8 "
+        "answers arrived with every token in one read (TTFT = "
+        "end-to-end)"
+    ), error
     assert "c1.tpot_ms" not in findings(plan, "bench")
 
 
@@ -111,16 +149,18 @@ def test_answers_shorter_than_asked_fail_the_level_naming_the_numbers(pdir: Plan
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 1
     error = pdir.todo("bench")["last_error"]
-    assert error.startswith("c=1: 8 of 8 answers were shorter than asked (median 5 of 12 "
-                            "tokens) although ignore_eos is set"), error
+    assert error.startswith(
+        "c=1: 8 of 8 answers were shorter than asked (median 5 of 12 "
+        "tokens) although ignore_eos is set"
+    ), error
 
 
 # --- the checks on constructed windows -----------------------------------------------------------
 
+
 def outcome(ttft: float, latency: float, tokens: int = 4, asked: int = 4) -> Outcome:
     itl = [] if latency <= ttft else [(latency - ttft) / (tokens - 1)] * (tokens - 1)
-    return Outcome(ok=True, ttft=ttft, latency=latency, itl=itl, output_tokens=tokens,
-                   asked=asked)
+    return Outcome(ok=True, ttft=ttft, latency=latency, itl=itl, output_tokens=tokens, asked=asked)
 
 
 def test_one_unobserved_answer_in_ten_is_left_out_of_the_latency_figures() -> None:
@@ -149,8 +189,9 @@ def test_window_problems_retry_transient_and_fail_systematic_faults() -> None:
     p = BenchParams(url="http://x", requests=8)
     failed = Outcome(ok=False, error="HTTP 503: busy")
     good = [outcome(0.1, 0.4) for _ in range(7)]
-    problems, fatal = window_problems(summarize_level(4, [*good, failed], 0.5), [*good, failed],
-                                      4, p)
+    problems, fatal = window_problems(
+        summarize_level(4, [*good, failed], 0.5), [*good, failed], 4, p
+    )
     assert fatal is None and problems == ["1 of 8 requests failed (HTTP 503: busy)"]
     # Requests one after another although 4 were asked: achieved 0.4 of 4.
     slow = [outcome(0.1, 0.4) for _ in range(8)]

@@ -53,7 +53,10 @@ class Holder:
     def __init__(self, store: Path, hold: float = 300.0) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, "-c", HOLDER % os.getpid(), str(store), str(hold)],
-            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+        )
         assert self.proc.stdout is not None
         assert self.proc.stdout.readline() == "held\n"
 
@@ -81,7 +84,8 @@ def test_live_holder_refuses_the_lock_and_is_named(tmp_path: Path, holder: Holde
         lock.acquire({"pid": os.getpid()})
     assert time.monotonic() - started >= 0.4, "a glance by `orch status` is waited out first"
     assert str(err.value).startswith(
-        f"s.db is in use by orch run #5 (pid {os.getpid()} on holder-host, since ")
+        f"s.db is in use by orch run #5 (pid {os.getpid()} on holder-host, since "
+    )
     assert "wait for that run to end, or stop it" in str(err.value)
     assert lock._fd is None and len(os.listdir("/proc/self/fd")) == fds, "no fd kept open"
 
@@ -200,12 +204,18 @@ def test_a_live_orchestrator_is_not_judged_dead(tmp_path: Path) -> None:
     assert store.todo("a")["status"] == "in_progress" and len(store.open_runs()) == 1
 
 
-@pytest.mark.parametrize("change, verdict", [
-    ("reboot", "orchestrator pid {pid} (run #1) died: the host rebooted since"),
-    ("reused", "orchestrator pid {pid} (run #1) died while the task ran "
-               "(its pid now belongs to another process)"),
-    ("gone", "orchestrator pid {pid} (run #1) died while the task ran"),
-])
+@pytest.mark.parametrize(
+    "change, verdict",
+    [
+        ("reboot", "orchestrator pid {pid} (run #1) died: the host rebooted since"),
+        (
+            "reused",
+            "orchestrator pid {pid} (run #1) died while the task ran "
+            "(its pid now belongs to another process)",
+        ),
+        ("gone", "orchestrator pid {pid} (run #1) died while the task ran"),
+    ],
+)
 def test_dead_orchestrator_verdicts(tmp_path: Path, change: str, verdict: str) -> None:
     """Another boot, a pid now started at another time, a pid that is gone: each is proved
     dead, and status (not holding the lock) closes the run and interrupts its task."""
@@ -229,7 +239,8 @@ def test_dead_orchestrator_verdicts(tmp_path: Path, change: str, verdict: str) -
 def test_start_time_within_a_tick_is_the_same_process(tmp_path: Path) -> None:
     me = current_identity()
     store, _ = _store_with_task(
-        tmp_path, RunIdentity(me.pid, me.started_at + 0.01, me.host, me.boot_id))
+        tmp_path, RunIdentity(me.pid, me.started_at + 0.01, me.host, me.boot_id)
+    )
     assert death_of(store.open_runs()[0]) is None
 
 
@@ -237,7 +248,8 @@ def test_another_host_is_closed_only_by_the_lock_holder(tmp_path: Path) -> None:
     """Another host's process cannot be judged: status leaves it; the lock holder closes it."""
     me = current_identity()
     store, _ = _store_with_task(
-        tmp_path, RunIdentity(_dead_pid(), me.started_at, "elsewhere.example", "other-boot"))
+        tmp_path, RunIdentity(_dead_pid(), me.started_at, "elsewhere.example", "other-boot")
+    )
     [run] = store.open_runs()
     assert death_of(run) is None
     assert close_dead_runs(store, holding_lock=False) == []
@@ -261,8 +273,9 @@ def test_every_dead_run_is_closed_not_only_the_first(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s.db")
     store.sync_plan([_spec("a"), _spec("b", 1)], None)
     for task in ("a", "b"):
-        run_id = store.begin_run(RunIdentity(me.pid, me.started_at, me.host, "old-boot"),
-                                 "p", "orch run", tmp_path)
+        run_id = store.begin_run(
+            RunIdentity(me.pid, me.started_at, me.host, "old-boot"), "p", "orch run", tmp_path
+        )
         store.transition(task, Status.IN_PROGRESS, None, run_id)
     notes = close_dead_runs(store, holding_lock=False)
     assert [n.split(":")[0] for n in notes] == ["a", "b"]
@@ -278,15 +291,20 @@ def test_status_recovers_a_rebooted_run_through_the_cli(pdir: PlanDir) -> None:
     me = current_identity()
     store = Store.open(pdir.store_path())
     store.bind_plan("t")
-    run_id = store.begin_run(RunIdentity(me.pid, me.started_at, me.host, "before-reboot"),
-                             str(plan), "orch run", pdir.root)
+    run_id = store.begin_run(
+        RunIdentity(me.pid, me.started_at, me.host, "before-reboot"),
+        str(plan),
+        "orch run",
+        pdir.root,
+    )
     store.sync_plan([_spec("a")], run_id)
     store.transition("a", Status.IN_PROGRESS, None, run_id)
     store.close()
     r = run_orch("status", plan)
     assert r.returncode == 0, r.stderr
     assert pdir.todo("a")["reason"] == (
-        f"orchestrator pid {me.pid} (run #1) died: the host rebooted since")
+        f"orchestrator pid {me.pid} (run #1) died: the host rebooted since"
+    )
 
 
 # --- store.py -------------------------------------------------------------------------------
@@ -365,18 +383,27 @@ def test_attempts_count_starts_only(store: Store) -> None:
     store.transition("a", Status.COMPLETED, None, None)
     assert store.todo("a")["run_id"] == 2, "no run given: the row keeps its run"
     assert [(t["from_status"], t["to_status"], t["attempt"]) for t in store.transitions("a")] == [
-        (None, "pending", 0), ("pending", "in_progress", 1), ("in_progress", "failed", 1),
-        ("failed", "in_progress", 2), ("in_progress", "completed", 2)]
-    assert [t["to_status"] for t in store.transitions("a", limit=2)] == ["in_progress",
-                                                                        "completed"]
+        (None, "pending", 0),
+        ("pending", "in_progress", 1),
+        ("in_progress", "failed", 1),
+        ("failed", "in_progress", 2),
+        ("in_progress", "completed", 2),
+    ]
+    assert [t["to_status"] for t in store.transitions("a", limit=2)] == ["in_progress", "completed"]
 
 
 def test_findings_kept_on_completion_and_only_the_latest_attempt_shown(store: Store) -> None:
     store.transition("a", Status.IN_PROGRESS, None, 1)
-    store.transition("a", Status.COMPLETED, None, 1,
-                     [Finding("v", 1), Finding("v", 2, "ms", "n"), Finding("ok", True)])
-    assert store.findings() == {"a": [Finding("v", 1), Finding("v", 2, "ms", "n"),
-                                      Finding("ok", True)]}
+    store.transition(
+        "a",
+        Status.COMPLETED,
+        None,
+        1,
+        [Finding("v", 1), Finding("v", 2, "ms", "n"), Finding("ok", True)],
+    )
+    assert store.findings() == {
+        "a": [Finding("v", 1), Finding("v", 2, "ms", "n"), Finding("ok", True)]
+    }
     assert store.finding("a", "v") == Finding("v", 2, "ms", "n")
     assert store.finding("a", "ok") == Finding("ok", True)
     assert store.finding("a", "nope") is None
@@ -389,7 +416,9 @@ def test_sync_plan_keeps_status_and_marks_removed_tasks(store: Store) -> None:
     store.transition("a", Status.COMPLETED, None, 1)
     store.sync_plan([_spec("a", 0, "renamed"), _spec("b", 1)], 2)
     assert [(r["id"], r["status"], r["title"]) for r in store.todos()] == [
-        ("a", "completed", "renamed"), ("b", "pending", "b")]
+        ("a", "completed", "renamed"),
+        ("b", "pending", "b"),
+    ]
     before = store.conn.total_changes
     store.sync_plan([_spec("a", 0, "renamed"), _spec("b", 1)], 3)
     assert store.conn.total_changes == before, "an unchanged plan writes nothing"
@@ -432,7 +461,11 @@ def test_close_run_touches_only_its_own_tasks(tmp_path: Path) -> None:
     assert store.todo("b")["status"] == "in_progress"
     a = store.todo("a")
     assert (a["status"], a["reason"], a["pgid"], a["pgid_started_at"]) == (
-        "interrupted", "stopped by Ctrl-C", 4242, 12.5)
+        "interrupted",
+        "stopped by Ctrl-C",
+        4242,
+        12.5,
+    )
     assert a["ended_at"] is not None
     assert store.close_run(r1, "crashed", "again") == []
     assert [(r["id"], r["outcome"]) for r in store.runs()] == [(r2, None), (r1, "interrupted")]
@@ -462,13 +495,15 @@ def test_resources_hold_replace_release(store: Store) -> None:
 
 # --- executor.py, through the CLI -----------------------------------------------------------
 
+
 def _pythonpath(folder: Path) -> dict[str, str]:
     """PYTHONPATH with `folder` added (kept: a mutation run points it at its copy)."""
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(folder),
-                                                         os.environ.get("PYTHONPATH")]))}
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))
+    }
 
 
-BUGGY = '''
+BUGGY = """
 from pydantic import BaseModel
 from orchestrator import Context, Task
 
@@ -480,7 +515,7 @@ class Buggy(Task[P]):
     def run(self, ctx: Context) -> None:
         print("before the bug", flush=True)
         {}["missing"]
-'''
+"""
 
 
 def test_bug_in_a_task_class_fails_the_task_not_the_run(pdir: PlanDir) -> None:
@@ -572,9 +607,13 @@ def test_retry_waits_its_delay_and_failure_after_last_attempt_stops(pdir: PlanDi
     r = run_orch("run", plan)
     assert r.returncode == 1
     with pdir.db() as conn:
-        at = [row[0] for row in conn.execute(
-            "SELECT at FROM transitions WHERE task_id='flaky' AND to_status!='pending'"
-            " ORDER BY seq")]
+        at = [
+            row[0]
+            for row in conn.execute(
+                "SELECT at FROM transitions WHERE task_id='flaky' AND to_status!='pending'"
+                " ORDER BY seq"
+            )
+        ]
     assert len(at) == 4
     assert at[2] - at[1] >= 0.7, "the second attempt starts after the delay"
     assert (pdir.root / "n").read_text() == "x\nx\n"

@@ -25,15 +25,17 @@ from conftest import PlanDir, run_orch
 TIMEOUT = 180  # seconds for one `orch run` (pip on a loaded 2-core machine is slow)
 
 
-def _wheel(folder: Path, name: str, version: str, modules: dict[str, str],
-           metadata: str = "") -> Path:
+def _wheel(
+    folder: Path, name: str, version: str, modules: dict[str, str], metadata: str = ""
+) -> Path:
     """A minimal valid pure-Python wheel: the modules, METADATA, WHEEL and a hashed RECORD."""
     info = f"{name.replace('-', '_')}-{version}.dist-info"
-    files = {**modules,
-             f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
-                                 + metadata,
-             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: orch-tests\n"
-                              "Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    files = {
+        **modules,
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n" + metadata,
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: orch-tests\n"
+        "Root-Is-Purelib: true\nTag: py3-none-any\n",
+    }
     record = []
     for path, text in files.items():
         digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=")
@@ -50,11 +52,20 @@ def _wheel(folder: Path, name: str, version: str, modules: dict[str, str],
 def wheels(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("wheels")
     _wheel(folder, "orchdemo", "1.0", {"orchdemo/__init__.py": "VERSION = '1.0'\n"})
-    _wheel(folder, "orchdemo", "2.0", {"orchdemo/__init__.py": "VERSION = '2.0'\n"},
-           "Provides-Extra: fast\nRequires-Dist: orchfast>=1; extra == 'fast'\n")
+    _wheel(
+        folder,
+        "orchdemo",
+        "2.0",
+        {"orchdemo/__init__.py": "VERSION = '2.0'\n"},
+        "Provides-Extra: fast\nRequires-Dist: orchfast>=1; extra == 'fast'\n",
+    )
     _wheel(folder, "orchfast", "1.0", {"orchfast.py": ""})
-    _wheel(folder, "orchbroken", "1.0",
-           {"orchbroken/__init__.py": "raise ImportError('libcuda.so.1: cannot open')\n"})
+    _wheel(
+        folder,
+        "orchbroken",
+        "1.0",
+        {"orchbroken/__init__.py": "raise ImportError('libcuda.so.1: cannot open')\n"},
+    )
     _wheel(folder, "OrchShim", "1.0", {"oshim/__init__.py": ""})  # imports as oshim
     _wheel(folder, "orchuv", "1.0", {"orchuv.py": ""})
     return folder
@@ -89,8 +100,9 @@ def _log(plan: Path) -> str:
 
 
 def _in_venv(venv: Path, code: str) -> str:
-    return subprocess.run([venv / "bin" / "python", "-c", code], capture_output=True, text=True,
-                          check=True).stdout.strip()
+    return subprocess.run(
+        [venv / "bin" / "python", "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
 
 
 @pytest.fixture(scope="module")
@@ -156,16 +168,18 @@ def test_upgrade_to_another_pin(pdir: PlanDir, venv: Path, wheels: Path) -> None
 
 def test_missing_extra_is_not_satisfied(pdir: PlanDir, venv: Path, wheels: Path) -> None:
     """orchdemo 2.0 installed without its extra: `orchdemo[fast]==2.0` installs orchfast."""
-    subprocess.run([venv / "bin" / "python", "-m", "pip", "uninstall", "-yq", "orchfast"],
-                   check=True, capture_output=True)
+    subprocess.run(
+        [venv / "bin" / "python", "-m", "pip", "uninstall", "-yq", "orchfast"],
+        check=True,
+        capture_output=True,
+    )
     assert _run(_plan(pdir, venv, wheels, "orchdemo==2.0")).returncode == 0
     plan = _plan(pdir, venv, wheels, "orchdemo[fast]==2.0")
     r = _run(plan, "--rerun", "a")
     assert r.returncode == 0, r.stderr
     found = _findings(plan)
     assert found["changed"]["value"] is True
-    assert found["changed"]["note"] == (
-        "extra [fast] needs orchfast>=1: orchfast is not installed")
+    assert found["changed"]["note"] == ("extra [fast] needs orchfast>=1: orchfast is not installed")
     assert _in_venv(venv, "import importlib.metadata as m; print(m.version('orchfast'))") == "1.0"
     assert _run(plan, "--rerun", "a").returncode == 0
     assert _findings(plan)["changed"]["note"] == "already satisfied"
@@ -186,7 +200,8 @@ def test_import_failure_fails_the_install(pdir: PlanDir, venv: Path, wheels: Pat
     assert r.returncode == 1
     assert pdir.todo("a")["last_error"] == (
         "orchbroken 1.0 is installed but `import orchbroken` fails: "
-        "ImportError: libcuda.so.1: cannot open")
+        "ImportError: libcuda.so.1: cannot open"
+    )
 
 
 def test_import_name_from_the_distribution(pdir: PlanDir, venv: Path, wheels: Path) -> None:
@@ -204,25 +219,31 @@ def test_uv_when_on_path(pdir: PlanDir, venv: Path, wheels: Path, tmp_path: Path
     argv_file = tmp_path / "uv-argv"
     uv = bin_dir / "uv"
     # A stand-in for uv: records its argv, then does the install with the venv's pip.
-    uv.write_text(textwrap.dedent(f"""\
+    uv.write_text(
+        textwrap.dedent(f"""\
         #!/bin/bash
         printf '%s\\n' "$@" > {argv_file}
         shift 2
         py=${{1#--python=}}; shift
         exec "$py" -m pip install --disable-pip-version-check "$@"
-    """))
+    """)
+    )
     uv.chmod(uv.stat().st_mode | stat.S_IXUSR)
     plan = _plan(pdir, venv, wheels, "orchuv==1.0", extra="installer: auto")
     r = _run(plan, env={"PATH": f"{bin_dir}:{os.environ['PATH']}"})
     assert r.returncode == 0, r.stderr
     assert _findings(plan)["installer"]["value"] == "uv"
     assert argv_file.read_text().splitlines() == [
-        "pip", "install", f"--python={venv}/bin/python", "--no-index",
-        f"--find-links={wheels}", "orchuv==1.0"]
+        "pip",
+        "install",
+        f"--python={venv}/bin/python",
+        "--no-index",
+        f"--find-links={wheels}",
+        "orchuv==1.0",
+    ]
 
 
-def test_never_writes_into_a_foreign_directory(pdir: PlanDir, tmp_path: Path,
-                                               wheels: Path) -> None:
+def test_never_writes_into_a_foreign_directory(pdir: PlanDir, tmp_path: Path, wheels: Path) -> None:
     """create: false with no venv fails; a non-empty non-venv directory is left untouched."""
     missing = tmp_path / "nope"
     r = _run(_plan(pdir, missing, wheels, "orchdemo", extra="create: false"))
@@ -238,11 +259,14 @@ def test_never_writes_into_a_foreign_directory(pdir: PlanDir, tmp_path: Path,
     assert [p.name for p in other.iterdir()] == ["keep.txt"]
 
 
-@pytest.mark.parametrize(("requirement", "says"), [
-    ("orchdemo===", "is not a PEP 508 requirement: Expected"),
-    ("orchdemo @ file:///w/orchdemo-1.0-py3-none-any.whl", "put the file in `find_links`"),
-    ("orchdemo; sys_platform == 'linux'", "use the task's `when`"),
-])
+@pytest.mark.parametrize(
+    ("requirement", "says"),
+    [
+        ("orchdemo===", "is not a PEP 508 requirement: Expected"),
+        ("orchdemo @ file:///w/orchdemo-1.0-py3-none-any.whl", "put the file in `find_links`"),
+        ("orchdemo; sys_platform == 'linux'", "use the task's `when`"),
+    ],
+)
 def test_bad_requirement_is_a_plan_error(pdir: PlanDir, requirement: str, says: str) -> None:
     """An invalid, URL or marker requirement is refused when the plan loads, with its line."""
     plan = pdir.write(f"""

@@ -78,8 +78,14 @@ def one_task(tmp_path: Path, body: str, head: str = "") -> Path:
 
 def run_orch(*args: str | Path, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """The installed console script as a user runs it."""
-    return subprocess.run([str(ORCH), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "NO_COLOR": "1"})
+    return subprocess.run(
+        [str(ORCH), *map(str, args)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
 
 
 GOOD = """
@@ -125,9 +131,17 @@ def test_good_plan_loads_in_dependency_order(tmp_path: Path) -> None:
 
 def test_ties_keep_file_order(tmp_path: Path) -> None:
     """Among tasks ready together (at start or after a need), the one written first goes first."""
-    tasks = "".join(f"  - {{id: {i}, kind: shell, params: {{command: 'true'}}{needs}}}\n"
-                    for i, needs in [("z", ", needs: r"), ("m", ""), ("a", ", needs: r"),
-                                     ("q", ""), ("b", ", needs: r"), ("r", "")])
+    tasks = "".join(
+        f"  - {{id: {i}, kind: shell, params: {{command: 'true'}}{needs}}}\n"
+        for i, needs in [
+            ("z", ", needs: r"),
+            ("m", ""),
+            ("a", ", needs: r"),
+            ("q", ""),
+            ("b", ", needs: r"),
+            ("r", ""),
+        ]
+    )
     plan = load_plan(write(tmp_path, "name: t\ntasks:\n" + tasks))
     assert [t.id for t in plan.tasks] == ["m", "q", "r", "z", "a", "b"]
 
@@ -159,12 +173,15 @@ def test_user_kind_params_are_validated_by_its_model(tmp_path: Path) -> None:
     """A `module:Class` kind loads, and its own pydantic model checks the params' types."""
     ok = load_plan(one_task(tmp_path, "kind: helpers_tasks:Greet\nparams: {name: x, times: 2}"))
     assert ok.tasks[0].cls.__name__ == "Greet"
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: helpers_tasks:Greet
         params:
           name: x
           times: many  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "task 'a'", "param 'times'", "valid integer")
 
 
@@ -185,24 +202,35 @@ def test_unimportable_module_class_kind(tmp_path: Path) -> None:
 
 def test_unknown_param(tmp_path: Path) -> None:
     """A param the kind's model does not take is named, with a suggestion and the valid ones."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params:
           command: 'true'
           comand: 'true'  # <-E
-    """)
-    only(path, "# <-E", "unknown param 'comand'", "did you mean 'command'?",
-         "ShellTask takes: command, env, cwd")
+    """,
+    )
+    only(
+        path,
+        "# <-E",
+        "unknown param 'comand'",
+        "did you mean 'command'?",
+        "ShellTask takes: command, env, cwd",
+    )
 
 
 def test_ill_typed_param(tmp_path: Path) -> None:
     """A param of the wrong type is reported on its own line by the kind's model."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params:
           command: 'true'
           grace: lots  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "task 'a'", "param 'grace'", "valid number")
 
 
@@ -210,27 +238,35 @@ def test_ill_typed_param(tmp_path: Path) -> None:
 def test_a_command_of_the_wrong_shape_is_one_clear_error(tmp_path: Path, value: str) -> None:
     """`command: true` (YAML's boolean): one error saying what a command is, not one per member
     of the str | list union with pydantic's internal names."""
-    path = one_task(tmp_path, f"""
+    path = one_task(
+        tmp_path,
+        f"""
         kind: shell
         params:
           command: {value}  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "param 'command': a command is a string (run by bash) or an argv list")
 
 
 def test_missing_param_points_at_params(tmp_path: Path) -> None:
     """A missing required param is reported on the `params:` line."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: python
         params:  # <-E
           args: {}
-    """)
+    """,
+    )
     only(path, "# <-E", "missing param 'function'")
 
 
 def test_unknown_dependency(tmp_path: Path) -> None:
     """A need naming no task is reported on that item's line, with a suggestion."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - {id: build, kind: shell, params: {command: 'true'}}
@@ -240,13 +276,16 @@ def test_unknown_dependency(tmp_path: Path) -> None:
             needs:
               - build
               - buidl  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "task 'test' needs unknown task 'buidl'", "did you mean 'build'?")
 
 
 def test_duplicate_id(tmp_path: Path) -> None:
     """A second task with an id already used is reported, naming the first one's line."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - id: a  # <-first
@@ -255,19 +294,22 @@ def test_duplicate_id(tmp_path: Path) -> None:
           - id: a  # <-E
             kind: shell
             params: {command: 'true'}
-    """)
+    """,
+    )
     only(path, "# <-E", "duplicate task id 'a'", f"first at line {line_of(path, '# <-first')}")
 
 
 def _cycle_of(issue: PlanIssue) -> list[str]:
     prefix = "dependency cycle: "
     assert issue.message.startswith(prefix), issue
-    return issue.message[len(prefix):].split(" -> ")
+    return issue.message[len(prefix) :].split(" -> ")
 
 
 def test_dependency_cycle_is_named(tmp_path: Path) -> None:
     """A cycle is named as `x -> y -> z -> x` (arrows are needs), on the first task's needs."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - id: a
@@ -286,7 +328,8 @@ def test_dependency_cycle_is_named(tmp_path: Path) -> None:
             kind: shell
             params: {command: 'true'}
             needs: [a]
-    """)
+    """,
+    )
     issues = errors(path)
     assert len(issues) == 1, issues
     cycle = _cycle_of(issues[0])
@@ -298,7 +341,9 @@ def test_dependency_cycle_is_named(tmp_path: Path) -> None:
 
 def test_two_task_cycle_reads_a_b_a(tmp_path: Path) -> None:
     """The issue's own example: `a -> b -> a` (or its rotation), on the `needs:` line."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - id: a
@@ -310,7 +355,8 @@ def test_two_task_cycle_reads_a_b_a(tmp_path: Path) -> None:
             kind: shell
             params: {command: 'true'}
             needs: a  # <-needs-b
-    """)
+    """,
+    )
     issues = errors(path)
     assert len(issues) == 1, issues
     assert issues[0].message in ("dependency cycle: a -> b -> a", "dependency cycle: b -> a -> b")
@@ -325,26 +371,32 @@ def test_self_dependency_is_a_cycle(tmp_path: Path) -> None:
 
 def test_every_disjoint_cycle_is_named(tmp_path: Path) -> None:
     """Two separate cycles are both reported, not only the first one found."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - {id: a, kind: shell, params: {command: 'true'}, needs: [b]}  # <-a
           - {id: b, kind: shell, params: {command: 'true'}, needs: [a]}  # <-b
           - {id: x, kind: shell, params: {command: 'true'}, needs: [y]}  # <-x
           - {id: y, kind: shell, params: {command: 'true'}, needs: [x]}  # <-y
-    """)
+    """,
+    )
     issues = errors(path)
     assert sorted(frozenset(_cycle_of(i)) for i in issues) == [{"a", "b"}, {"x", "y"}]
     for issue in issues:
         assert issue.line == line_of(path, f"# <-{_cycle_of(issue)[0]}")
 
 
-@pytest.mark.parametrize(("field", "value", "words"), [
-    ("timeout", "5 parsecs", ["timeout", "'5 parsecs' is not a duration", "1h30m"]),
-    ("timeout", "-5", ["timeout", "-5 is negative"]),
-    ("timeout", ".nan", ["timeout", "is not a duration"]),
-    ("retries", "{attempts: 2, delay: soon}", ["retries.delay", "'soon' is not a duration"]),
-])
+@pytest.mark.parametrize(
+    ("field", "value", "words"),
+    [
+        ("timeout", "5 parsecs", ["timeout", "'5 parsecs' is not a duration", "1h30m"]),
+        ("timeout", "-5", ["timeout", "-5 is negative"]),
+        ("timeout", ".nan", ["timeout", "is not a duration"]),
+        ("retries", "{attempts: 2, delay: soon}", ["retries.delay", "'soon' is not a duration"]),
+    ],
+)
 def test_bad_duration(tmp_path: Path, field: str, value: str, words: list[str]) -> None:
     """A duration that is not one names its field and value, on that field's line."""
     path = one_task(tmp_path, f"kind: shell\nparams: {{command: 'true'}}\n{field}: {value}  # <-E")
@@ -353,14 +405,17 @@ def test_bad_duration(tmp_path: Path, field: str, value: str, words: list[str]) 
 
 def test_bad_precondition_wait_duration(tmp_path: Path) -> None:
     """A precondition's `wait` is a duration too, checked with its line."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params: {command: 'true'}
         preconditions:
           - kind: command
             command: 'true'
             wait: a while  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "task 'a' precondition", "wait", "'a while' is not a duration")
 
 
@@ -392,8 +447,9 @@ def test_unknown_task_field(tmp_path: Path) -> None:
 
 def test_unknown_nested_field_suggests_from_its_own_model(tmp_path: Path) -> None:
     """`retries.attemps` is compared with Retries' fields, not the task's."""
-    path = one_task(tmp_path, "kind: shell\nparams: {command: 'true'}\n"
-                              "retries: {attemps: 2}  # <-E")
+    path = one_task(
+        tmp_path, "kind: shell\nparams: {command: 'true'}\nretries: {attemps: 2}  # <-E"
+    )
     only(path, "# <-E", "unknown field 'retries.attemps'", "(did you mean 'attempts'?)")
 
 
@@ -404,8 +460,10 @@ def test_an_empty_task_list_says_so_plainly(tmp_path: Path) -> None:
 
 def test_bad_task_id(tmp_path: Path) -> None:
     """A task id with spaces is rejected on the `id:` line."""
-    path = write(tmp_path, "name: t\ntasks:\n  - id: a b  # <-E\n    kind: shell\n"
-                           "    params: {command: 'true'}\n")
+    path = write(
+        tmp_path,
+        "name: t\ntasks:\n  - id: a b  # <-E\n    kind: shell\n    params: {command: 'true'}\n",
+    )
     only(path, "# <-E", "task 'a b'", "id", "should match pattern")
 
 
@@ -414,12 +472,16 @@ def test_bad_task_id(tmp_path: Path) -> None:
 
 def test_unknown_var_reference(tmp_path: Path) -> None:
     """`${vars.x}` naming no var is one error on the param's line, with a suggestion."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params:
           env: {A: b}
           command: serve --port ${vars.prot}  # <-E
-    """, head="vars: {port: 8000}\n")
+    """,
+        head="vars: {port: 8000}\n",
+    )
     only(path, "# <-E", "task 'a'", "${vars.prot}: no var 'prot'", "did you mean 'port'?")
 
 
@@ -437,17 +499,22 @@ def test_malformed_reference_is_a_plan_error(tmp_path: Path) -> None:
 
 def test_unknown_task_in_finding_reference(tmp_path: Path) -> None:
     """`${tasks.x.findings.k}` naming no task is an error on the param's line."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params:
           command: echo ${tasks.prob.findings.rate}  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "${tasks.prob.findings.rate}: no task 'prob'")
 
 
 def test_finding_of_a_task_not_upstream(tmp_path: Path) -> None:
     """A finding of a task that is not among the needs (transitively) is an error."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - {id: probe, kind: shell, params: {command: 'true'}}
@@ -457,13 +524,17 @@ def test_finding_of_a_task_not_upstream(tmp_path: Path) -> None:
             needs: [other]
             params:
               command: echo ${tasks.probe.findings.rate}  # <-E
-    """)
+    """,
+    )
     only(path, "# <-E", "'probe' is not among the needs of 'use'", "add it to `needs`")
 
 
 def test_finding_of_a_transitive_need_is_fine(tmp_path: Path) -> None:
     """A finding of a need's need may be used: upstream is transitive."""
-    plan = load_plan(write(tmp_path, """
+    plan = load_plan(
+        write(
+            tmp_path,
+            """
         name: t
         tasks:
           - {id: probe, kind: shell, params: {command: 'true'}}
@@ -473,7 +544,9 @@ def test_finding_of_a_transitive_need_is_fine(tmp_path: Path) -> None:
             needs: [mid]
             when: "${tasks.probe.findings.rate} > 0.3"
             params: {command: "echo ${tasks.probe.findings.rate}"}
-    """))
+    """,
+        )
+    )
     assert [t.id for t in plan.tasks] == ["probe", "mid", "use"]
 
 
@@ -485,7 +558,10 @@ def test_own_finding_is_not_upstream(tmp_path: Path) -> None:
 
 def test_finding_ref_defers_type_check_to_run_time(tmp_path: Path) -> None:
     """A param made of a finding is not type-checked at load (nor reported missing)."""
-    plan = load_plan(write(tmp_path, """
+    plan = load_plan(
+        write(
+            tmp_path,
+            """
         name: t
         tasks:
           - {id: probe, kind: shell, params: {command: 'true'}}
@@ -493,41 +569,57 @@ def test_finding_ref_defers_type_check_to_run_time(tmp_path: Path) -> None:
             kind: python
             needs: [probe]
             params: {function: "${tasks.probe.findings.fn}"}
-    """))
+    """,
+        )
+    )
     assert plan.by_id["use"].spec.params == {"function": "${tasks.probe.findings.fn}"}
 
 
 def test_var_substituted_before_type_check(tmp_path: Path) -> None:
     """A var is substituted (keeping its type) before the kind's model checks the param."""
-    good = one_task(tmp_path, "kind: shell\nparams: {command: 'true', grace: '${vars.g}'}",
-                    head="vars: {g: 5}\n")
+    good = one_task(
+        tmp_path,
+        "kind: shell\nparams: {command: 'true', grace: '${vars.g}'}",
+        head="vars: {g: 5}\n",
+    )
     assert load_plan(good).tasks[0].spec.params["grace"] == "${vars.g}"
-    bad = one_task(tmp_path, "kind: shell\nparams:\n  command: 'true'\n  grace: ${vars.g}  # <-E",
-                   head="vars: {g: lots}\n")
+    bad = one_task(
+        tmp_path,
+        "kind: shell\nparams:\n  command: 'true'\n  grace: ${vars.g}  # <-E",
+        head="vars: {g: lots}\n",
+    )
     only(bad, "# <-E", "param 'grace'", "valid number")
 
 
-@pytest.mark.parametrize(("when", "words"), [
-    ("\"${vars.n} >\"", ["`when` is not a valid condition"]),
-    ("\"open('/etc/passwd')\"", ["`when` may use only literals"]),
-    ("\"${vars.n}.real > 1\"", ["`when` may use only literals"]),
-    ("\"ready == 1\"", ["unknown name 'ready'", "quote strings"]),
-    ("\"_ref0 == 1\"", ["unknown name '_ref0'"]),
-    ("\"'${vars.n}' == '1'\"", ["inside quotes", "write it bare"]),
-    ("\"${vars.m} == 1\"", ["${vars.m}: no var 'm'"]),
-    ("\"${tasks.zz.findings.k}\"", ["no task 'zz'"]),
-    ("\"${x} == 1\"", ["'${x}' is not a reference"]),
-])
+@pytest.mark.parametrize(
+    ("when", "words"),
+    [
+        ('"${vars.n} >"', ["`when` is not a valid condition"]),
+        ("\"open('/etc/passwd')\"", ["`when` may use only literals"]),
+        ('"${vars.n}.real > 1"', ["`when` may use only literals"]),
+        ('"ready == 1"', ["unknown name 'ready'", "quote strings"]),
+        ('"_ref0 == 1"', ["unknown name '_ref0'"]),
+        ("\"'${vars.n}' == '1'\"", ["inside quotes", "write it bare"]),
+        ('"${vars.m} == 1"', ["${vars.m}: no var 'm'"]),
+        ('"${tasks.zz.findings.k}"', ["no task 'zz'"]),
+        ('"${x} == 1"', ["'${x}' is not a reference"]),
+    ],
+)
 def test_bad_when(tmp_path: Path, when: str, words: list[str]) -> None:
     """A bad `when` (syntax, code, unknown name or reference) is one error on its line."""
-    path = one_task(tmp_path, f"kind: shell\nparams: {{command: 'true'}}\nwhen: {when}  # <-E",
-                    head="vars: {n: 1}\n")
+    path = one_task(
+        tmp_path,
+        f"kind: shell\nparams: {{command: 'true'}}\nwhen: {when}  # <-E",
+        head="vars: {n: 1}\n",
+    )
     only(path, "# <-E", "task 'a'", *words)
 
 
 def test_precondition_errors(tmp_path: Path) -> None:
     """Precondition kind, params and references are checked like a task's, each on its line."""
-    path = one_task(tmp_path, """
+    path = one_task(
+        tmp_path,
+        """
         kind: shell
         params: {command: 'true'}
         preconditions:
@@ -539,11 +631,16 @@ def test_precondition_errors(tmp_path: Path) -> None:
             command: test -e ${vars.where}  # <-E3
           - kind: command  # <-E4
             wait: 5m
-    """)
+    """,
+    )
     issues = errors(path)
     assert len(issues) == 4, issues
-    expect(issues, line_of(path, "# <-E1"), "unknown precondition kind 'comand'",
-           "did you mean 'command'?")
+    expect(
+        issues,
+        line_of(path, "# <-E1"),
+        "unknown precondition kind 'comand'",
+        "did you mean 'command'?",
+    )
     expect(issues, line_of(path, "# <-E2"), "precondition 'command'", "param 'timeout'")
     expect(issues, line_of(path, "# <-E3"), "no var 'where'")
     expect(issues, line_of(path, "# <-E4"), "missing param 'command'")
@@ -552,17 +649,23 @@ def test_precondition_errors(tmp_path: Path) -> None:
 # --- the plan's head -----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("text", "line", "words"), [
-    ("- just\n- a list\n", 1, ["a plan is a mapping"]),
-    ("", None, ["a plan is a mapping"]),
-    ("name: t\n", 1, ["tasks", "needs at least one task"]),
-    ("name: t\ntasks: []\n", 2, ["tasks", "needs at least one task"]),
-    ("name: t\ntasks: {a: 1}\n", 2, ["tasks", "valid list"]),
-    ("name: t\ntasks: 5\n", 2, ["tasks", "valid list"]),
-    ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["vars", "valid dictionary"]),
-    ("name: t\ntask: []\ntasks: [{id: a, kind: shell, params: {command: x}}]\n", 2,
-     ["unknown field 'task'", "(did you mean 'tasks'?)"]),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "words"),
+    [
+        ("- just\n- a list\n", 1, ["a plan is a mapping"]),
+        ("", None, ["a plan is a mapping"]),
+        ("name: t\n", 1, ["tasks", "needs at least one task"]),
+        ("name: t\ntasks: []\n", 2, ["tasks", "needs at least one task"]),
+        ("name: t\ntasks: {a: 1}\n", 2, ["tasks", "valid list"]),
+        ("name: t\ntasks: 5\n", 2, ["tasks", "valid list"]),
+        ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["vars", "valid dictionary"]),
+        (
+            "name: t\ntask: []\ntasks: [{id: a, kind: shell, params: {command: x}}]\n",
+            2,
+            ["unknown field 'task'", "(did you mean 'tasks'?)"],
+        ),
+    ],
+)
 def test_bad_plan_head(tmp_path: Path, text: str, line: int | None, words: list[str]) -> None:
     """A plan that is not a mapping, or has no task list, or bad vars: one error, located."""
     path = write(tmp_path, text)
@@ -574,12 +677,15 @@ def test_bad_plan_head(tmp_path: Path, text: str, line: int | None, words: list[
 
 def test_bad_name_does_not_hide_task_errors(tmp_path: Path) -> None:
     """A bad plan name is reported together with the tasks' own errors."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: my plan  # <-E1
         tasks:
           - id: a
             kind: nope  # <-E2
-    """)
+    """,
+    )
     issues = errors(path)
     assert len(issues) == 2, issues
     expect(issues, line_of(path, "# <-E1"), "name", "should match pattern")
@@ -648,7 +754,9 @@ def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
 
 def test_a_bad_field_does_not_hide_the_task_s_other_errors(tmp_path: Path) -> None:
     """A task with a bad timeout still has its params, refs and needs checked."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - id: a
@@ -658,7 +766,8 @@ def test_a_bad_field_does_not_hide_the_task_s_other_errors(tmp_path: Path) -> No
               command: echo ${vars.x}  # <-E2
               bogus: 1  # <-E3
             needs: [ghost]  # <-E4
-    """)
+    """,
+    )
     issues = errors(path)
     assert len(issues) == 4, issues
     expect(issues, line_of(path, "# <-E1"), "'soon' is not a duration")
@@ -669,7 +778,9 @@ def test_a_bad_field_does_not_hide_the_task_s_other_errors(tmp_path: Path) -> No
 
 def test_broken_needs_do_not_fake_upstream_errors(tmp_path: Path) -> None:
     """When a task's needs cannot be read, its dependents' finding refs are not judged by it."""
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         tasks:
           - {id: probe, kind: shell, params: {command: 'true'}}
@@ -678,7 +789,8 @@ def test_broken_needs_do_not_fake_upstream_errors(tmp_path: Path) -> None:
             kind: shell
             needs: [mid]
             params: {command: "echo ${tasks.probe.findings.k}"}
-    """)
+    """,
+    )
     only(path, "# <-E", "task 'mid'", "needs", "valid list")
 
 
@@ -697,14 +809,22 @@ def test_var_override_of_unknown_var(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     issues = errors(path, {"prot": 1})
     assert len(issues) == 1, issues
-    expect(issues, line_of(path, "# <-vars"), "--var prot", "the plan has no var 'prot'",
-           "did you mean 'port'?")
+    expect(
+        issues,
+        line_of(path, "# <-vars"),
+        "--var prot",
+        "the plan has no var 'prot'",
+        "did you mean 'port'?",
+    )
 
 
 def test_var_override_is_type_checked_where_used(tmp_path: Path) -> None:
     """An override of the wrong type fails the param that uses it, on that param's line."""
-    path = one_task(tmp_path, "kind: shell\nparams:\n  command: 'true'\n  grace: ${vars.g}  # <-E",
-                    head="vars: {g: 5}\n")
+    path = one_task(
+        tmp_path,
+        "kind: shell\nparams:\n  command: 'true'\n  grace: ${vars.g}  # <-E",
+        head="vars: {g: 5}\n",
+    )
     only(path, "# <-E", "param 'grace'", "valid number", overrides={"g": "lots"})
 
 
@@ -717,16 +837,19 @@ def test_var_override_unknown_and_other_errors_together(tmp_path: Path) -> None:
     expect(issues, line_of(path, "# <-E"), "unknown task kind 'shel'")
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("tp=8", ("tp", 8)),
-    ("ratio=0.5", ("ratio", 0.5)),
-    ("on=true", ("on", True)),
-    ("path=/models/k2", ("path", "/models/k2")),
-    ("cmd=a=b", ("cmd", "a=b")),
-    ("empty=", ("empty", "")),
-    ("list=[1, 2]", ("list", [1, 2])),
-    ('quoted="a: b"', ("quoted", "a: b")),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("tp=8", ("tp", 8)),
+        ("ratio=0.5", ("ratio", 0.5)),
+        ("on=true", ("on", True)),
+        ("path=/models/k2", ("path", "/models/k2")),
+        ("cmd=a=b", ("cmd", "a=b")),
+        ("empty=", ("empty", "")),
+        ("list=[1, 2]", ("list", [1, 2])),
+        ('quoted="a: b"', ("quoted", "a: b")),
+    ],
+)
 def test_parse_var(text: str, expected: tuple[str, Any]) -> None:
     """`--var KEY=VALUE` reads the value as YAML."""
     assert parse_var(text) == expected
@@ -741,12 +864,15 @@ def test_parse_var_refuses_bad_yaml(text: str) -> None:
 
 
 def test_cli_bad_var_yaml_exits_2(tmp_path: Path) -> None:
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         name: t
         vars: {x: 1}
         tasks:
           - {id: a, kind: shell, params: {command: 'true'}}
-    """)
+    """,
+    )
     done = run_orch("plan", path, "--var", "x=[1,", cwd=tmp_path)
     assert done.returncode == 2 and "is not valid YAML" in done.stderr
     assert "Traceback" not in done.stderr
@@ -762,8 +888,13 @@ def test_parse_var_rejects_malformed(text: str) -> None:
 # --- templating ----------------------------------------------------------------------------------
 
 
-VALUES: dict[str, Any] = {"port": 8000, "on": True, "tags": ["a", "b"], "name": "k2",
-                          "cfg": {"tp": 8}}
+VALUES: dict[str, Any] = {
+    "port": 8000,
+    "on": True,
+    "tags": ["a", "b"],
+    "name": "k2",
+    "cfg": {"tp": 8},
+}
 
 
 def lookup(ref: Ref) -> Any:
@@ -818,7 +949,7 @@ HOSTILE = [
     "$(echo INJECTED; rm -rf /)",
     "`echo INJECTED`",
     "a; echo INJECTED",
-    "it's \"quoted\" $HOME",
+    'it\'s "quoted" $HOME',
     "two words\nand a newline",
     "",
 ]
@@ -842,27 +973,30 @@ def test_shell_text_takes_inert_words_as_they_are() -> None:
 # --- `when` --------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("expr", "expected"), [
-    ("${vars.port} == 8000", True),
-    ("${vars.port} != 8000", False),
-    ("${vars.port} > 9000", False),
-    ("1 < ${vars.port} <= 8000", True),
-    ("1 < ${vars.port} < 10", False),
-    ("${vars.name} == 'k2'", True),
-    ("'a' in ${vars.tags}", True),
-    ("'z' not in ${vars.tags}", True),
-    ("${vars.name} in ['k1', 'k3']", False),
-    ("${vars.on}", True),
-    ("not ${vars.on}", False),
-    ("${vars.on} and ${vars.port} > 1", True),
-    ("${vars.on} and ${vars.port} > 9000", False),
-    ("${vars.port} > 9000 or false", False),
-    ("${vars.port} < 1 or ${vars.name} == 'k2'", True),
-    ("not (false or ${vars.port} == 8000)", False),
-    ("true and not false and null == None", True),
-    ("-1 < 0", True),
-    ("${tasks.probe.findings.k} == '<probe.k>'", True),
-])
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("${vars.port} == 8000", True),
+        ("${vars.port} != 8000", False),
+        ("${vars.port} > 9000", False),
+        ("1 < ${vars.port} <= 8000", True),
+        ("1 < ${vars.port} < 10", False),
+        ("${vars.name} == 'k2'", True),
+        ("'a' in ${vars.tags}", True),
+        ("'z' not in ${vars.tags}", True),
+        ("${vars.name} in ['k1', 'k3']", False),
+        ("${vars.on}", True),
+        ("not ${vars.on}", False),
+        ("${vars.on} and ${vars.port} > 1", True),
+        ("${vars.on} and ${vars.port} > 9000", False),
+        ("${vars.port} > 9000 or false", False),
+        ("${vars.port} < 1 or ${vars.name} == 'k2'", True),
+        ("not (false or ${vars.port} == 8000)", False),
+        ("true and not false and null == None", True),
+        ("-1 < 0", True),
+        ("${tasks.probe.findings.k} == '<probe.k>'", True),
+    ],
+)
 def test_evaluate_when(expr: str, expected: bool) -> None:
     """Comparisons (chained too), `in`, and/or/not and literals evaluate as written."""
     assert evaluate_when(expr, lookup) is expected
@@ -874,18 +1008,21 @@ def test_evaluate_when_constants(when: bool | None, expected: bool) -> None:
     assert evaluate_when(when, lookup) is expected
 
 
-@pytest.mark.parametrize("expr", [
-    "__import__('os').system('touch {flag}')",
-    "open('{flag}', 'w')",
-    "${vars.name}.upper() == 'K2'",
-    "${vars.tags}[0] == 'a'",
-    "(lambda: 1)()",
-    "[x for x in ${vars.tags}]",
-    "${vars.port} + 1 > 2",
-    "_ref0 == 1",
-    "name == 'k2'",
-    "'${vars.name}' == '_ref0'",
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "__import__('os').system('touch {flag}')",
+        "open('{flag}', 'w')",
+        "${vars.name}.upper() == 'K2'",
+        "${vars.tags}[0] == 'a'",
+        "(lambda: 1)()",
+        "[x for x in ${vars.tags}]",
+        "${vars.port} + 1 > 2",
+        "_ref0 == 1",
+        "name == 'k2'",
+        "'${vars.name}' == '_ref0'",
+    ],
+)
 def test_when_rejects_code(tmp_path: Path, expr: str) -> None:
     """Calls, attributes, subscripts, arithmetic, unknown names, quoted refs: refused, not run."""
     flag = tmp_path / "flag"
@@ -906,23 +1043,49 @@ def test_when_type_error_is_a_template_error() -> None:
 # --- durations -----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("value", "seconds"), [
-    ("30m", 1800.0), ("1h30m", 5400.0), ("500ms", 0.5), ("10s", 10.0), ("2d", 172800.0),
-    ("1.5h", 5400.0), ("1m30s", 90.0), (" 1h 30m ", 5400.0), (10, 10.0), (2.5, 2.5),
-    (0, 0.0), ("10", 10.0), ("0.25", 0.25),
-])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [
+        ("30m", 1800.0),
+        ("1h30m", 5400.0),
+        ("500ms", 0.5),
+        ("10s", 10.0),
+        ("2d", 172800.0),
+        ("1.5h", 5400.0),
+        ("1m30s", 90.0),
+        (" 1h 30m ", 5400.0),
+        (10, 10.0),
+        (2.5, 2.5),
+        (0, 0.0),
+        ("10", 10.0),
+        ("0.25", 0.25),
+    ],
+)
 def test_parse_duration(value: object, seconds: float) -> None:
     """Units ms/s/m/h/d, combined, and plain numbers (of seconds) parse to seconds."""
     assert parse_duration(value) == seconds
 
 
-@pytest.mark.parametrize(("value", "words"), [
-    ("", "is not a duration"), ("soon", "is not a duration"), ("5 parsecs", "is not a duration"),
-    ("1h30", "is not a duration"), ("m", "is not a duration"), ("-5s", "is not a duration"),
-    ("1.5.5s", "is not a duration"), ("5sec", "is not a duration"), (True, "is not a duration"),
-    (None, "is not a duration"), ([5], "is not a duration"), (float("nan"), "is not a duration"),
-    (float("inf"), "is not a duration"), (10**400, "is not a duration"), (-5, "is negative"),
-])
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ("", "is not a duration"),
+        ("soon", "is not a duration"),
+        ("5 parsecs", "is not a duration"),
+        ("1h30", "is not a duration"),
+        ("m", "is not a duration"),
+        ("-5s", "is not a duration"),
+        ("1.5.5s", "is not a duration"),
+        ("5sec", "is not a duration"),
+        (True, "is not a duration"),
+        (None, "is not a duration"),
+        ([5], "is not a duration"),
+        (float("nan"), "is not a duration"),
+        (float("inf"), "is not a duration"),
+        (10**400, "is not a duration"),
+        (-5, "is negative"),
+    ],
+)
 def test_parse_duration_rejects(value: object, words: str) -> None:
     """Anything else is a ValueError with a plain sentence naming the value."""
     with pytest.raises(ValueError, match=words):
@@ -941,8 +1104,11 @@ def test_what_changed_same_is_empty() -> None:
 def test_what_changed_names_nested_paths() -> None:
     """Nested dicts are walked; each changed leaf is named by its dotted path, sorted."""
     old = {"kind": "shell", "params": {"command": "make", "grace": 10}, "when": None}
-    new = {"kind": "python", "params": {"command": "make", "grace": 20, "cwd": "/x"},
-           "when": "true"}
+    new = {
+        "kind": "python",
+        "params": {"command": "make", "grace": 20, "cwd": "/x"},
+        "when": "true",
+    }
     assert what_changed(old, new) == [
         "kind: 'shell' -> 'python'",
         "params.cwd: (none) -> '/x'",
@@ -956,8 +1122,9 @@ def test_what_changed_cuts_long_strings_to_the_change() -> None:
     a = "x" * 50 + "--tp 8" + "y" * 50
     b = "x" * 50 + "--tp 16" + "y" * 50
     (line,) = what_changed({"params": {"command": a}}, {"params": {"command": b}})
-    assert line == ("params.command: …'xxxxxxx--tp 8yyyyyyyyyyyy'… -> "
-                    "…'xxxxxxx--tp 16yyyyyyyyyyyy'…")
+    assert line == (
+        "params.command: …'xxxxxxx--tp 8yyyyyyyyyyyy'… -> …'xxxxxxx--tp 16yyyyyyyyyyyy'…"
+    )
 
 
 def test_what_changed_shortens_long_values() -> None:
@@ -1021,16 +1188,20 @@ def test_orch_validate_process_reports_all_errors(tmp_path: Path) -> None:
 def test_orch_run_of_bad_plan_runs_nothing(tmp_path: Path) -> None:
     """`orch run` of a plan with one bad task runs none of the good ones and makes no store."""
     flag = tmp_path / "ran"
-    path = write(tmp_path, f"""
+    path = write(
+        tmp_path,
+        f"""
         name: t
         tasks:
           - {{id: good, kind: shell, params: {{command: "touch {flag}"}}}}
           - {{id: bad, kind: shell, params: {{command: "echo ${{foo}}"}}}}  # <-E
-    """)
+    """,
+    )
     done = run_orch("run", path, cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert f"{path}:{line_of(path, '# <-E')}: task 'bad': '${{foo}}' is not a reference" \
-        in done.stderr
+    assert (
+        f"{path}:{line_of(path, '# <-E')}: task 'bad': '${{foo}}' is not a reference" in done.stderr
+    )
     assert "Traceback" not in done.stderr
     assert not flag.exists() and not (tmp_path / ".orch").exists()
 
@@ -1041,8 +1212,9 @@ def test_orch_plan_unknown_var_override(tmp_path: Path) -> None:
     path = write(tmp_path, GOOD)
     done = run_orch("plan", path, "--var", "nope=1", cwd=tmp_path)
     assert done.returncode == 2, done.stderr
-    assert f"{path}:{line_of(path, '# <-vars')}: --var nope: the plan has no var 'nope'" \
-        in done.stderr
+    assert (
+        f"{path}:{line_of(path, '# <-vars')}: --var nope: the plan has no var 'nope'" in done.stderr
+    )
     assert "Traceback" not in done.stderr
 
 
@@ -1056,13 +1228,17 @@ def test_orch_validate_yaml_syntax_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
-@pytest.mark.parametrize("command", [
-    'echo "${vars.x}"', "echo '${vars.x}'", "(( ${vars.x} ))", "cat <<1EOF\n${vars.x}\n1EOF"])
+@pytest.mark.parametrize(
+    "command",
+    ['echo "${vars.x}"', "echo '${vars.x}'", "(( ${vars.x} ))", "cat <<1EOF\n${vars.x}\n1EOF"],
+)
 def test_var_bash_would_read_as_code_is_a_plan_error(tmp_path: Path, command: str) -> None:
     """A var that is no inert word, in any shell context, is refused on its line at load."""
     path = tmp_path / "plan.yaml"
-    path.write_text("name: t\nvars: {x: 'a[$(id)]'}\ntasks:\n  - id: a\n    kind: shell\n"
-                    f"    params:\n      command: {json.dumps(command)}\n")
+    path.write_text(
+        "name: t\nvars: {x: 'a[$(id)]'}\ntasks:\n  - id: a\n    kind: shell\n"
+        f"    params:\n      command: {json.dumps(command)}\n"
+    )
     with pytest.raises(PlanError) as info:
         load_plan(path)
     (issue,) = info.value.issues
@@ -1074,19 +1250,24 @@ def test_var_bash_would_read_as_code_is_a_plan_error(tmp_path: Path, command: st
 def test_references_in_quotes_heredocs_and_env_are_fine_when_inert(tmp_path: Path) -> None:
     """Inert values need no context rules: quotes, heredocs, `#` and `$${...}` all load."""
     path = tmp_path / "plan.yaml"
-    path.write_text("name: t\nvars: {x: k2.5}\ntasks:\n  - id: a\n    kind: shell\n"
-                    "    params: {command: 'echo \"#${vars.x}\" \"$${HOME}\"; cat <<E\n"
-                    "${vars.x}\nE', env: {V: '${vars.x}'}}\n")
+    path.write_text(
+        "name: t\nvars: {x: k2.5}\ntasks:\n  - id: a\n    kind: shell\n"
+        '    params: {command: \'echo "#${vars.x}" "$${HOME}"; cat <<E\n'
+        "${vars.x}\nE', env: {V: '${vars.x}'}}\n"
+    )
     assert load_plan(path).tasks[0].id == "a"
 
 
-@pytest.mark.parametrize("text", [
-    "? [a, b]\n: 1\n",
-    "name: t\ntasks: [{id: a, kind: shell, params: {command: !foo 'true'}}]\n",
-    "name: t\nvars: {n: !!int abc}\ntasks: [{id: a, kind: shell}]\n",
-    "name: t\nvars: &v {self: *v}\ntasks: [{id: a, kind: shell}]\n",
-    "name: t\ntasks: [{id: a, kind: ':'}]\n",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        "? [a, b]\n: 1\n",
+        "name: t\ntasks: [{id: a, kind: shell, params: {command: !foo 'true'}}]\n",
+        "name: t\nvars: {n: !!int abc}\ntasks: [{id: a, kind: shell}]\n",
+        "name: t\nvars: &v {self: *v}\ntasks: [{id: a, kind: shell}]\n",
+        "name: t\ntasks: [{id: a, kind: ':'}]\n",
+    ],
+)
 def test_strange_yaml_is_a_plan_error_not_a_traceback(tmp_path: Path, text: str) -> None:
     """Odd YAML (complex keys, unknown tags, bad casts, recursive aliases, `:` kinds): exit 2."""
     path = tmp_path / "plan.yaml"
@@ -1107,7 +1288,8 @@ def test_merge_keys_take_an_anchor_and_override_it(tmp_path: Path) -> None:
     """`<<: *anchor` merges shallowly; the mapping's own keys win, and only a key written twice
     in the mapping itself is a duplicate."""
     plan = tmp_path / "plan.yaml"
-    plan.write_text(textwrap.dedent("""
+    plan.write_text(
+        textwrap.dedent("""
         name: t
         tasks:
           - id: a
@@ -1116,7 +1298,8 @@ def test_merge_keys_take_an_anchor_and_override_it(tmp_path: Path) -> None:
           - id: b
             kind: shell
             params: {<<: *p, command: "echo b"}
-    """))
+    """)
+    )
     loaded = load_plan(plan)
     assert loaded.by_id["b"].spec.params == {"command": "echo b", "grace": 3}
     plan.write_text(plan.read_text().replace('command: "echo b"}', 'command: "b", command: "c"}'))

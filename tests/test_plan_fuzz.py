@@ -56,8 +56,11 @@ def check(path: Path) -> None:
         assert exc.issues and all(i.file == str(path) for i in exc.issues)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow,
-                                                                  HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(text=plan_texts())
 def test_any_plan_text_loads_or_is_a_plan_error(tmp_path: Path, text: str) -> None:
     plan = tmp_path / "fuzz.yaml"
@@ -78,8 +81,9 @@ def test_hostile_files_through_the_real_cli(tmp_path: Path) -> None:
     for name, data in samples.items():
         plan = tmp_path / name
         plan.write_bytes(data)
-        r = subprocess.run([ORCH, "validate", str(plan)], capture_output=True, text=True,
-                           timeout=60)
+        r = subprocess.run(
+            [ORCH, "validate", str(plan)], capture_output=True, text=True, timeout=60
+        )
         assert r.returncode in (0, 2), (name, r.stderr)
         assert "Traceback" not in r.stderr
         if r.returncode == 2:

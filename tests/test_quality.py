@@ -1,4 +1,4 @@
-"""The code's own bar: ruff clean, mypy --strict clean (both come with the `test` extra)."""
+"""The code's own bar: ruff clean and formatted, mypy --strict clean (the `test` extra)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def test_ruff_is_clean() -> None:
     """No lint findings in the engine, the task library, the tests or the benchmarks."""
-    r = subprocess.run([sys.executable, "-m", "ruff", "check", "."], cwd=ROOT,
-                       capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "check", "."], cwd=ROOT, capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_ruff_format_is_applied() -> None:
+    """Every Python file is as `ruff format` writes it (run `ruff format .` to fix)."""
+    r = subprocess.run(
+        [sys.executable, "-m", "ruff", "format", "--check", "."],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
     assert r.returncode == 0, r.stdout + r.stderr
 
 

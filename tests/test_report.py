@@ -18,10 +18,18 @@ from conftest import PlanDir, run_orch
 
 def level(c: int, tok_s: float, tpot: float, spec: dict[str, Any] | None = None) -> dict[str, Any]:
     got: dict[str, Any] = {
-        "concurrency": c, "achieved_concurrency": c * 0.97, "output_tok_s": tok_s,
-        "tpot_ms": tpot, "ttft_ms": 20.0 + c, "windows": 3, "stable": True, "spread": 0.04,
-        "interval": {"output_tok_s": [tok_s * 0.96, tok_s * 1.03],
-                     "tpot_ms": [tpot * 0.98, tpot * 1.02]},
+        "concurrency": c,
+        "achieved_concurrency": c * 0.97,
+        "output_tok_s": tok_s,
+        "tpot_ms": tpot,
+        "ttft_ms": 20.0 + c,
+        "windows": 3,
+        "stable": True,
+        "spread": 0.04,
+        "interval": {
+            "output_tok_s": [tok_s * 0.96, tok_s * 1.03],
+            "tpot_ms": [tpot * 0.98, tpot * 1.02],
+        },
         "ttft": {"mean": 21.0 + c, "p50": 20.0 + c, "p90": 30.0 + c, "p99": 40.0 + c},
         "tpot": {"mean": tpot, "p50": tpot, "p90": tpot * 1.2, "p99": tpot * 1.5},
     }
@@ -30,14 +38,17 @@ def level(c: int, tok_s: float, tpot: float, spec: dict[str, Any] | None = None)
     return got
 
 
-def bench_doc(label: str, task: str, speed: float, spec: dict[str, Any] | None = None
-              ) -> dict[str, Any]:
-    return {"schema": "orch.bench/v2", "label": label,
-            "source": {"run": 1, "task": task, "at": "2026-12-03T12:00:00+00:00"},
-            "levels": [level(c, 100 * c * speed / (1 + c / 16), 7.0 / speed, spec)
-                       for c in (1, 4, 16)],
-            "server": {"engine": "vllm", "version": "0.32.0"},
-            "benchmark": {"tool": "orch bench.serve", "output_tokens": 64, "requests": 32}}
+def bench_doc(
+    label: str, task: str, speed: float, spec: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "schema": "orch.bench/v2",
+        "label": label,
+        "source": {"run": 1, "task": task, "at": "2026-12-03T12:00:00+00:00"},
+        "levels": [level(c, 100 * c * speed / (1 + c / 16), 7.0 / speed, spec) for c in (1, 4, 16)],
+        "server": {"engine": "vllm", "version": "0.32.0"},
+        "benchmark": {"tool": "orch bench.serve", "output_tokens": 64, "requests": 32},
+    }
 
 
 @pytest.fixture
@@ -75,8 +86,13 @@ def test_the_report_has_the_timeline_board_and_every_kinds_figures(compared: Pat
     out = json.loads(r.stdout)
     page = Path(out["report"])
     names = sorted(Path(f).name for f in out["figures"])
-    assert names == ["compare-acceptance.png", "compare-latency.png", "compare-speed.png",
-                     "compare-throughput.png", "timeline.png"]
+    assert names == [
+        "compare-acceptance.png",
+        "compare-latency.png",
+        "compare-speed.png",
+        "compare-throughput.png",
+        "timeline.png",
+    ]
     for figure in out["figures"]:
         assert blankness(Path(figure).read_bytes()) > 0.01, figure
     text = page.read_text()
@@ -114,7 +130,10 @@ def test_bench_serve_draws_its_own_result_and_says_when_it_cannot(tmp_path: Path
     doc.write_text(json.dumps(bench_doc("vllm tiny", "bench_base", 1.0)))
     (section,) = BenchServe.report({"result": Finding("result", str(doc))})
     assert [f.name for f in section.figures] == [
-        "bench_base-throughput", "bench_base-speed", "bench_base-latency"]  # no spec: no tau
+        "bench_base-throughput",
+        "bench_base-speed",
+        "bench_base-latency",
+    ]  # no spec: no tau
     doc.unlink()
     (section,) = BenchServe.report({"result": Finding("result", str(doc))})
     assert not section.figures and "cannot be read" in section.notes[0]

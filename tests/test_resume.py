@@ -97,8 +97,10 @@ def test_sigkill_mid_task_is_reported_interrupted_and_resumed(pdir: PlanDir) -> 
     assert (pdir.root / "first.count").read_text() == "ran\n"
     assert (pdir.root / "last.count").read_text() == "ran\n"
     assert pdir.transitions("slow")[-3:] == [
-        ("in_progress", "interrupted"), ("interrupted", "in_progress"),
-        ("in_progress", "completed")]
+        ("in_progress", "interrupted"),
+        ("interrupted", "in_progress"),
+        ("in_progress", "completed"),
+    ]
     with pdir.db() as conn:
         assert conn.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
         outcomes = [r[0] for r in conn.execute("SELECT outcome FROM runs ORDER BY id")]
@@ -130,7 +132,8 @@ def _task_processes(marker_prefix: str) -> list[int]:
         except OSError:
             continue
         if any(e.startswith(f"ORCH_TASK={marker_prefix}".encode()) for e in env) and pid_alive(
-                int(entry)):
+            int(entry)
+        ):
             found.append(int(entry))
     return found
 
@@ -159,11 +162,20 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(pdir: PlanDir) -> None:
 
     plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
     proc = subprocess.Popen(
-        [ORCH, "run", str(plan)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        start_new_session=True, env={**os.environ, "NO_COLOR": "1"},
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))  # as `&` does
-    wait_for(lambda: (pdir.root / "child.pid").exists() and
-             (pdir.root / "child.pid").read_text().strip() != "", what="child")
+        [ORCH, "run", str(plan)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+        env={**os.environ, "NO_COLOR": "1"},
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+    )  # as `&` does
+    wait_for(
+        lambda: (
+            (pdir.root / "child.pid").exists()
+            and (pdir.root / "child.pid").read_text().strip() != ""
+        ),
+        what="child",
+    )
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
@@ -174,8 +186,13 @@ def test_sigterm_is_handled_like_ctrl_c(pdir: PlanDir) -> None:
     """SIGTERM to the orchestrator (systemd, kill): exit 130, the group ended, status recorded."""
     plan = pdir.write(SLOW_PLAN.format(root=pdir.root))
     proc = start_orch("run", plan)
-    wait_for(lambda: (pdir.root / "child.pid").exists() and
-             (pdir.root / "child.pid").read_text().strip() != "", what="child")
+    wait_for(
+        lambda: (
+            (pdir.root / "child.pid").exists()
+            and (pdir.root / "child.pid").read_text().strip() != ""
+        ),
+        what="child",
+    )
     child = int((pdir.root / "child.pid").read_text())
     proc.send_signal(signal.SIGTERM)
     proc.communicate(timeout=30)
@@ -242,8 +259,9 @@ def _transitions_since(pdir: PlanDir, seq: int) -> list[sqlite3.Row]:
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
     try:
-        return conn.execute("SELECT * FROM transitions WHERE seq > ? ORDER BY seq",
-                            (seq,)).fetchall()
+        return conn.execute(
+            "SELECT * FROM transitions WHERE seq > ? ORDER BY seq", (seq,)
+        ).fetchall()
     except sqlite3.OperationalError:  # the schema is not there yet
         return []
     finally:
@@ -251,8 +269,9 @@ def _transitions_since(pdir: PlanDir, seq: int) -> list[sqlite3.Row]:
 
 
 def _logged(pdir: PlanDir, seq: int, task_id: str, to: str) -> bool:
-    return any(r["task_id"] == task_id and r["to_status"] == to
-               for r in _transitions_since(pdir, seq))
+    return any(
+        r["task_id"] == task_id and r["to_status"] == to for r in _transitions_since(pdir, seq)
+    )
 
 
 def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> None:
@@ -264,7 +283,10 @@ def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> Non
     rng = random.Random(seed)
     tasks = "\n".join(
         f"  - {{id: t{i}, kind: shell, params: {{command: 'echo {i} >> {pdir.root}/log'}}"
-        + (f", needs: [t{i - 1}]" if i else "") + "}" for i in range(30))
+        + (f", needs: [t{i - 1}]" if i else "")
+        + "}"
+        for i in range(30)
+    )
     plan = pdir.write(f"name: t\ntasks:\n{tasks}\n")
     log = pdir.root / "log"
 
@@ -293,8 +315,9 @@ def test_store_is_consistent_after_kills_at_random_moments(pdir: PlanDir) -> Non
             assert list(statuses.values()).count("in_progress") <= 1, statuses
             counts = ran()
             assert {t: counts.count(t[1:]) for t in done_at_kill} == done_at_kill, "re-ran"
-            done_at_kill.update({t: counts.count(t[1:]) for t, s in statuses.items()
-                                 if s == "completed"})
+            done_at_kill.update(
+                {t: counts.count(t[1:]) for t, s in statuses.items() if s == "completed"}
+            )
         r = run_orch("run", plan)
         assert r.returncode == 0, r.stderr
         assert set(pdir.statuses().values()) == {"completed"}
@@ -355,6 +378,8 @@ def test_task_left_in_progress_by_a_closed_run_is_recovered(pdir: PlanDir) -> No
         store.close()
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
-    assert pdir.transitions("a")[-3:] == [("in_progress", "interrupted"),
-                                          ("interrupted", "in_progress"),
-                                          ("in_progress", "completed")]
+    assert pdir.transitions("a")[-3:] == [
+        ("in_progress", "interrupted"),
+        ("interrupted", "in_progress"),
+        ("in_progress", "completed"),
+    ]

@@ -48,18 +48,22 @@ def stop(task_id: str, server: str, needs: str) -> str:
 def two_servers(tmp_path: Path) -> Path:
     """The rehearsal's shape: prepare -> launch -> bench -> stop -> launch2 (after stop, for
     the order only) -> bench2 -> stop2 -> final (needs both benchmarks)."""
-    return PlanDir(tmp_path).write("name: t\ntasks:\n  - {id: prepare, kind: shell, "
-                                   "params: {command: 'true'}}"
-                                   + launch("launch", free_port(), "[prepare]")
-                                   + bench("bench", "launch") + stop("stop", "launch", "bench")
-                                   + launch("launch2", free_port(), "[stop]")
-                                   + bench("bench2", "launch2")
-                                   + stop("stop2", "launch2", "bench2") + """
+    return PlanDir(tmp_path).write(
+        "name: t\ntasks:\n  - {id: prepare, kind: shell, "
+        "params: {command: 'true'}}"
+        + launch("launch", free_port(), "[prepare]")
+        + bench("bench", "launch")
+        + stop("stop", "launch", "bench")
+        + launch("launch2", free_port(), "[stop]")
+        + bench("bench2", "launch2")
+        + stop("stop2", "launch2", "bench2")
+        + """
   - id: final
     kind: shell
     needs: [bench, bench2]
     params: {command: "echo ::finding ok=1"}
-""")
+"""
+    )
 
 
 def attempts(pd: PlanDir) -> dict[str, int]:
@@ -74,8 +78,16 @@ def dry(plan: Path, *args: str) -> dict[str, tuple[str, str]]:
     return {s["id"]: (s["action"], s["reason"]) for s in json.loads(r.stdout)["steps"]}
 
 
-ALL_ONCE = {"prepare": 1, "launch": 1, "bench": 1, "stop": 1, "launch2": 1, "bench2": 1,
-            "stop2": 1, "final": 1}
+ALL_ONCE = {
+    "prepare": 1,
+    "launch": 1,
+    "bench": 1,
+    "stop": 1,
+    "launch2": 1,
+    "bench2": 1,
+    "stop2": 1,
+    "final": 1,
+}
 
 
 def test_rerun_a_benchmark_relaunches_its_server_stops_it_again_and_keeps_the_rest(
@@ -110,7 +122,11 @@ def test_the_rerun_rule_stops_at_a_releaser_unless_the_rerun_starts_upstream_of_
     # The launch itself: it, its users and its stop run again; what follows the stop does not.
     steps = dry(plan, "--rerun", "launch")
     assert {t for t, (action, _) in steps.items() if action == "run"} == {
-        "launch", "bench", "stop", "final"}
+        "launch",
+        "bench",
+        "stop",
+        "final",
+    }
     # The releaser alone: nothing needs the server, so it is not relaunched just to be stopped.
     steps = dry(plan, "--rerun", "stop")
     assert {t for t, (action, _) in steps.items() if action == "run"} == {"stop"}
@@ -130,7 +146,12 @@ def test_only_a_benchmark_brings_its_server_back_and_stops_it_again(tmp_path: Pa
     assert steps["launch"] == ("run", "what it held was stopped by stop; bench still needs it")
     assert steps["stop"] == ("run", "stops launch again after bench")
     assert {t for t, (action, _) in steps.items() if action == "leave"} == {
-        "prepare", "launch2", "bench2", "stop2", "final"}
+        "prepare",
+        "launch2",
+        "bench2",
+        "stop2",
+        "final",
+    }
     r = run_orch("run", plan, "--only", "bench", cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert attempts(pd) == {**ALL_ONCE, "launch": 2, "bench": 2, "stop": 2}
@@ -146,17 +167,24 @@ def test_a_user_that_failed_after_the_end_of_the_run_stopped_its_server_gets_it_
     pd = PlanDir(tmp_path)
     port = free_port()
     flag = tmp_path / "fixed"
-    plan = pd.write("name: t\ntasks:" + launch("launch", port) + f"""
+    plan = pd.write(
+        "name: t\ntasks:"
+        + launch("launch", port)
+        + f"""
   - id: use
     kind: shell
     needs: [launch]
     params: {{command: "curl -sf http://127.0.0.1:{port}/health && test -f {flag}"}}
-""" + stop("stop", "launch", "use"))
+"""
+        + stop("stop", "launch", "use")
+    )
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 1
     steps = dry(plan)
-    assert steps["launch"] == ("run", "what it held was ended (at the end of run #1); use "
-                                      "still needs it")
+    assert steps["launch"] == (
+        "run",
+        "what it held was ended (at the end of run #1); use still needs it",
+    )
     assert steps["stop"] == ("run", "stops launch again after use")
     flag.touch()
     r = run_orch("run", plan, cwd=tmp_path)

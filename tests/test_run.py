@@ -28,8 +28,13 @@ def test_retries_until_success(pdir: PlanDir) -> None:
     assert r.returncode == 0, r.stderr
     assert pdir.todo("flaky")["attempts"] == 3
     assert pdir.transitions("flaky")[1:] == [
-        ("pending", "in_progress"), ("in_progress", "failed"), ("failed", "in_progress"),
-        ("in_progress", "failed"), ("failed", "in_progress"), ("in_progress", "completed")]
+        ("pending", "in_progress"),
+        ("in_progress", "failed"),
+        ("failed", "in_progress"),
+        ("in_progress", "failed"),
+        ("failed", "in_progress"),
+        ("in_progress", "completed"),
+    ]
 
 
 FORK_PLAN = """
@@ -200,9 +205,16 @@ def test_python_task_findings_and_user_errors(pdir: PlanDir) -> None:
     doc = json.loads(r.stdout)
     tasks = {t["id"]: t for t in doc["tasks"]}
     assert {f["key"]: f["value"] for f in tasks["m"]["findings"]} == {
-        "accept_rate": 0.42, "tokens": 100, "throughput": 50.0}
-    assert tasks["m"]["findings"][0] == {"key": "accept_rate", "value": 0.42, "unit": "ratio",
-                                         "note": "no speedup"}
+        "accept_rate": 0.42,
+        "tokens": 100,
+        "throughput": 50.0,
+    }
+    assert tasks["m"]["findings"][0] == {
+        "key": "accept_rate",
+        "value": 0.42,
+        "unit": "ratio",
+        "note": "no speedup",
+    }
     assert tasks["greet"]["findings"][0]["value"] == "hello orch"
     assert tasks["crash"]["status"] == "failed"
     assert tasks["crash"]["last_error"] == "RuntimeError: kaboom in user code"
@@ -258,13 +270,31 @@ def test_status_json_schema_and_todowrite(pdir: PlanDir) -> None:
     assert doc["schema"] == "orch.status/v1"
     assert doc["summary"]["failed"] == 1 and doc["summary"]["total"] == 3
     assert set(doc["tasks"][0]) == {
-        "id", "title", "priority", "kind", "status", "reason", "attempts", "started_at",
-        "ended_at", "duration_s", "last_error", "output_tail", "log_path", "stale", "findings"}
+        "id",
+        "title",
+        "priority",
+        "kind",
+        "status",
+        "reason",
+        "attempts",
+        "started_at",
+        "ended_at",
+        "duration_s",
+        "last_error",
+        "output_tail",
+        "log_path",
+        "stale",
+        "findings",
+    }
     todo = json.loads(run_orch("status", plan, "--format", "todowrite").stdout)
     assert set(todo) == {"todos"}
     assert all(set(t) == {"content", "status", "priority"} for t in todo["todos"])
-    assert {t["status"] for t in todo["todos"]} <= {"pending", "in_progress", "completed",
-                                                   "cancelled"}
+    assert {t["status"] for t in todo["todos"]} <= {
+        "pending",
+        "in_progress",
+        "completed",
+        "cancelled",
+    }
 
 
 def test_status_finds_the_single_store_without_arguments(pdir: PlanDir) -> None:
@@ -279,8 +309,9 @@ def test_status_finds_the_single_store_without_arguments(pdir: PlanDir) -> None:
 def test_store_of_another_plan_is_refused(pdir: PlanDir) -> None:
     """Pointing a plan at another plan's store is an error, not a silent mix."""
     a = pdir.write(CHAIN.format(root=pdir.root, v=1))
-    b = pdir.write("name: other\ntasks: [{id: x, kind: shell, params: {command: 'true'}}]\n",
-                   "b.yaml")
+    b = pdir.write(
+        "name: other\ntasks: [{id: x, kind: shell, params: {command: 'true'}}]\n", "b.yaml"
+    )
     assert run_orch("run", a).returncode == 0
     r = run_orch("run", b, "--store", pdir.store_path())
     assert r.returncode == 2 and "holds plan 't'" in r.stderr
@@ -333,7 +364,10 @@ def test_findings_may_use_any_name(pdir: PlanDir) -> None:
     r = run_orch("run", plan, "--json")
     assert r.returncode == 0, r.stderr
     assert [f["key"] for f in json.loads(r.stdout)["tasks"][0]["findings"]] == [
-        "task", "took", "event"]
+        "task",
+        "took",
+        "event",
+    ]
 
 
 def test_rerun_of_finished_unchanged_plan_takes_the_fast_path(pdir: PlanDir) -> None:
@@ -367,9 +401,11 @@ def test_finding_line_forms() -> None:
     from orchestrator.findings import Finding, parse_finding_line
 
     assert parse_finding_line("::finding tok_s=63.6 unit=tok/s note=single stream") == Finding(
-        "tok_s", 63.6, "tok/s", "single stream")
+        "tok_s", 63.6, "tok/s", "single stream"
+    )
     assert parse_finding_line("::finding n=42 note='accept ~42%, no speedup' unit=%") == Finding(
-        "n", 42, "%", "accept ~42%, no speedup")
+        "n", 42, "%", "accept ~42%, no speedup"
+    )
     assert parse_finding_line("::finding version=0.5.23") == Finding("version", "0.5.23")
     assert parse_finding_line("finding x=1") is None
     assert parse_finding_line("::finding novalue") is None
@@ -477,5 +513,6 @@ tasks:
     found = {t["id"]: {f["key"]: f["value"] for f in t["findings"]} for t in status["tasks"]}
     assert found["py"]["result"] == str(home)
     assert run_orch("logs", home / "plan.yaml", "cat", cwd=elsewhere).stdout.endswith(
-        "from the plan's folder\n")
+        "from the plan's folder\n"
+    )
     assert not (elsewhere / ".orch").exists()  # the store lives beside the plan

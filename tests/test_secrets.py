@@ -9,7 +9,7 @@ import pytest
 
 from conftest import PlanDir, run_orch
 
-TOKEN = "hf_s3cretT0ken_9f2c"   # an inert word: it may be spliced into a command
+TOKEN = "hf_s3cretT0ken_9f2c"  # an inert word: it may be spliced into a command
 ROTATED = "hf_r0tated_77aa"
 
 PLAN = """\
@@ -55,8 +55,13 @@ def test_secret_values_are_masked_everywhere_orch_writes(pdir: PlanDir) -> None:
     r = run_orch("run", plan, "--var", "password=hunter2-cli", cwd=pdir.root, env=env)
     assert r.returncode == 1, r.stderr  # `test TOKEN = x` fails: the error quotes the command
     outputs = [r.stdout, r.stderr]
-    for args in (("status", plan), ("status", plan, "--json"), ("history", plan),
-                 ("history", plan, "--json"), ("logs", plan, "use")):
+    for args in (
+        ("status", plan),
+        ("status", plan, "--json"),
+        ("history", plan),
+        ("history", plan, "--json"),
+        ("logs", plan, "use"),
+    ):
         shown = run_orch(*args, cwd=pdir.root, env=env)
         assert shown.returncode in (0, 1), shown.stderr
         outputs += [shown.stdout, shown.stderr]
@@ -75,22 +80,32 @@ def test_a_rotated_secret_re_runs_nothing(pdir: PlanDir) -> None:
     assert pdir.todo("use")["attempts"] == 1  # the secret is not part of the task's identity
 
 
-@pytest.mark.parametrize(("var", "message"), [
-    ("token: {env: ORCH_TEST_UNSET_VAR}", "environment variable ORCH_TEST_UNSET_VAR is not set"),
-    ("token: {secret: true}", "a secret var needs a `default` or an `env`"),
-    ("token: {env: X, secret: maybe}", "`secret` is true or false"),
-])
+@pytest.mark.parametrize(
+    ("var", "message"),
+    [
+        (
+            "token: {env: ORCH_TEST_UNSET_VAR}",
+            "environment variable ORCH_TEST_UNSET_VAR is not set",
+        ),
+        ("token: {secret: true}", "a secret var needs a `default` or an `env`"),
+        ("token: {env: X, secret: maybe}", "`secret` is true or false"),
+    ],
+)
 def test_bad_secret_declarations_are_plan_errors(pdir: PlanDir, var: str, message: str) -> None:
-    plan = pdir.write(f"name: t\nvars:\n  {var}\ntasks:\n  - {{id: a, kind: shell, "
-                      "params: {command: 'true'}}\n")
+    plan = pdir.write(
+        f"name: t\nvars:\n  {var}\ntasks:\n  - {{id: a, kind: shell, "
+        "params: {command: 'true'}}\n"
+    )
     r = run_orch("validate", plan, cwd=pdir.root)
     assert r.returncode == 2 and message in r.stderr and "plan.yaml:3" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr
 
 
 def test_a_mapping_var_that_is_not_a_declaration_stays_a_value(pdir: PlanDir) -> None:
-    plan = pdir.write("name: t\nvars:\n  limits: {env: prod, cpu: 4}\ntasks:\n"
-                      "  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    plan = pdir.write(
+        "name: t\nvars:\n  limits: {env: prod, cpu: 4}\ntasks:\n"
+        "  - {id: a, kind: shell, params: {command: 'true'}}\n"
+    )
     assert run_orch("run", plan, cwd=pdir.root).returncode == 0
     shown = json.loads(run_orch("status", plan, "--json", cwd=pdir.root).stdout)
     assert shown["tasks"][0]["status"] == "completed"

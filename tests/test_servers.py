@@ -60,8 +60,9 @@ def no_server_left(tmp_path: Path) -> object:
     assert not left, f"server processes left running: {left}"
 
 
-def stub_plan(port: int, extra: str = "", stub_args: str = "--child",
-              command: str | None = None) -> str:
+def stub_plan(
+    port: int, extra: str = "", stub_args: str = "--child", command: str | None = None
+) -> str:
     """A plan launching the stub (or `command`, a YAML list), then the `extra` tasks."""
     command = command or f'[{sys.executable}, {STUB}, "{port}", {", ".join(stub_args.split())}]'
     return f"""
@@ -89,11 +90,19 @@ def findings(plan: Path, task: str) -> dict[str, object]:
 
 # --- rendering the engines' command lines (serving-reference.md 1.1, 2.1) ------------------------
 
+
 def test_vllm_command_line_carries_speculative_config_and_admission() -> None:
-    p = LaunchParams.model_validate({
-        "flavour": "vllm", "model": "/m/target", "port": 8000, "tensor_parallel": 8,
-        "max_running_requests": 128, "served_model_name": "kimi",
-        "speculative": {"algorithm": "eagle3", "draft_model": "/m/eagle", "draft_tokens": 3}})
+    p = LaunchParams.model_validate(
+        {
+            "flavour": "vllm",
+            "model": "/m/target",
+            "port": 8000,
+            "tensor_parallel": 8,
+            "max_running_requests": 128,
+            "served_model_name": "kimi",
+            "speculative": {"algorithm": "eagle3", "draft_model": "/m/eagle", "draft_tokens": 3},
+        }
+    )
     argv = render(p)
     assert argv[:3] == ["vllm", "serve", "/m/target"]
     assert argv[argv.index("--tensor-parallel-size") + 1] == "8"
@@ -103,10 +112,17 @@ def test_vllm_command_line_carries_speculative_config_and_admission() -> None:
 
 
 def test_sglang_command_line_sets_all_three_spec_values_and_the_cap() -> None:
-    p = LaunchParams.model_validate({
-        "flavour": "sglang", "model": "/m/kimi", "port": 30000, "tensor_parallel": 8,
-        "max_running_requests": 128, "extra_args": ["--mem-fraction-static", "0.85"],
-        "speculative": {"algorithm": "EAGLE3", "draft_model": "/m/eagle3", "draft_tokens": 3}})
+    p = LaunchParams.model_validate(
+        {
+            "flavour": "sglang",
+            "model": "/m/kimi",
+            "port": 30000,
+            "tensor_parallel": 8,
+            "max_running_requests": 128,
+            "extra_args": ["--mem-fraction-static", "0.85"],
+            "speculative": {"algorithm": "EAGLE3", "draft_model": "/m/eagle3", "draft_tokens": 3},
+        }
+    )
     argv = render(p)
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
 
@@ -117,8 +133,11 @@ def test_sglang_command_line_sets_all_three_spec_values_and_the_cap() -> None:
     assert flag("--speculative-algorithm") == "EAGLE3"
     assert flag("--speculative-draft-model-path") == "/m/eagle3"
     # topk 1: num_draft_tokens is forced to num_steps + 1 (section 1.1); all three or none.
-    assert (flag("--speculative-num-steps"), flag("--speculative-eagle-topk"),
-            flag("--speculative-num-draft-tokens")) == ("3", "1", "4")
+    assert (
+        flag("--speculative-num-steps"),
+        flag("--speculative-eagle-topk"),
+        flag("--speculative-num-draft-tokens"),
+    ) == ("3", "1", "4")
     assert flag("--max-running-requests") == "128"
     assert "--enable-metrics" in argv and argv[-2:] == ["--mem-fraction-static", "0.85"]
 
@@ -150,6 +169,7 @@ def test_a_server_without_its_model_is_a_plan_error(tmp_path: Path) -> None:
 
 # --- the metrics ---------------------------------------------------------------------------------
 
+
 def test_percentiles_interpolate_linearly_like_numpy() -> None:
     got = stats_ms([x / 1000 for x in range(1, 11)])  # 1..10 ms
     assert got == pytest.approx({"mean": 5.5, "p50": 5.5, "p90": 9.1, "p99": 9.91})
@@ -167,10 +187,22 @@ def test_tpot_excludes_the_first_token_and_one_token_requests() -> None:
 
 
 def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
-    before = {"num_drafts": 100, "num_draft_tokens": 300, "num_accepted_tokens": 50,
-              "pos0": 40, "pos1": 10, "pos2": 0}
-    after = {"num_drafts": 300, "num_draft_tokens": 900, "num_accepted_tokens": 180,
-             "pos0": 120, "pos1": 50, "pos2": 10}
+    before = {
+        "num_drafts": 100,
+        "num_draft_tokens": 300,
+        "num_accepted_tokens": 50,
+        "pos0": 40,
+        "pos1": 10,
+        "pos2": 0,
+    }
+    after = {
+        "num_drafts": 300,
+        "num_draft_tokens": 900,
+        "num_accepted_tokens": 180,
+        "pos0": 120,
+        "pos1": 50,
+        "pos2": 10,
+    }
     got = vllm_acceptance(before, after)
     assert got is not None
     assert got["accept_length"] == pytest.approx(1.65) and got["draft_tokens"] == 3
@@ -183,13 +215,29 @@ def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
 def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
     """Shapes as serving-reference.md 1.5 documents them (no live SGLang here)."""
     out, state = Outcome(ok=False), {}
-    assert read_chunk("sglang", {"text": "Hel", "meta_info": {
-        "completion_tokens": 1, "prompt_tokens": 42}}, out, state)
+    assert read_chunk(
+        "sglang",
+        {"text": "Hel", "meta_info": {"completion_tokens": 1, "prompt_tokens": 42}},
+        out,
+        state,
+    )
     assert not read_chunk("sglang", {"text": "Hel", "meta_info": {}}, out, state)
-    assert read_chunk("sglang", {"text": "Hello there", "meta_info": {
-        "id": "x", "finish_reason": {"type": "length", "length": 256}, "prompt_tokens": 42,
-        "completion_tokens": 256, "spec_verify_ct": 155, "spec_accept_length": 1.65}},
-        out, state)
+    assert read_chunk(
+        "sglang",
+        {
+            "text": "Hello there",
+            "meta_info": {
+                "id": "x",
+                "finish_reason": {"type": "length", "length": 256},
+                "prompt_tokens": 42,
+                "completion_tokens": 256,
+                "spec_verify_ct": 155,
+                "spec_accept_length": 1.65,
+            },
+        },
+        out,
+        state,
+    )
     assert (out.output_tokens, out.prompt_tokens, out.verify_ct) == (256, 42, 155)
     out.ok = True
     other = Outcome(ok=True, output_tokens=100, verify_ct=45)
@@ -201,10 +249,15 @@ def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
 
 # --- lifecycles through orch run ----------------------------------------------------------------
 
+
 def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_path: Path) -> None:
     pd = PlanDir(tmp_path)
     port = free_port()
-    plan = pd.write(stub_plan(port, stub_args="--child --load 1.5", extra="""
+    plan = pd.write(
+        stub_plan(
+            port,
+            stub_args="--child --load 1.5",
+            extra="""
       - id: bench
         kind: bench.serve
         needs: [launch]
@@ -214,7 +267,9 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
         kind: server.stop
         needs: [bench]
         params: {server: launch}
-    """))
+    """,
+        )
+    )
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "loading for" in r.stderr and "connection refused" in r.stderr  # progress shown
@@ -272,18 +327,26 @@ def test_the_end_of_a_run_stops_its_servers_and_a_resume_relaunches(tmp_path: Pa
     pd = PlanDir(tmp_path)
     port = free_port()
     flag = tmp_path / "fixed"
-    plan = pd.write(stub_plan(port, extra=f"""
+    plan = pd.write(
+        stub_plan(
+            port,
+            extra=f"""
       - id: use
         kind: shell
         needs: [launch]
         params: {{command: "curl -sf http://127.0.0.1:{port}/health && test -f {flag}"}}
-    """))
+    """,
+        )
+    )
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 1 and "resource.released" in r.stderr
     assert not marked_processes(tmp_path, "ORCH_SERVER=launch@1:")  # the end of run 1 stopped it
     dry = run_orch("plan", plan, cwd=tmp_path)  # `orch plan` says what `run` will do, and why
-    assert re.search(r"run\s+launch\s+what it held was ended \(at the end of run #1\); use "
-                     r"still needs it", dry.stdout), dry.stdout
+    assert re.search(
+        r"run\s+launch\s+what it held was ended \(at the end of run #1\); use "
+        r"still needs it",
+        dry.stdout,
+    ), dry.stdout
     flag.touch()
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
@@ -300,15 +363,21 @@ def test_a_killed_run_leaves_its_server_to_the_next_run_which_ends_it(tmp_path: 
     pd = PlanDir(tmp_path)
     port = free_port()
     flag = tmp_path / "go"
-    plan = pd.write(stub_plan(port, extra=f"""
+    plan = pd.write(
+        stub_plan(
+            port,
+            extra=f"""
       - id: wait
         kind: shell
         needs: [launch]
         params: {{command: "until test -f {flag}; do sleep 0.1; done"}}
-    """))
+    """,
+        )
+    )
     orch = start_orch("run", plan, cwd=tmp_path)
-    wait_for(lambda: pd.status_of("wait") == "in_progress", timeout=30,
-             what="the shell task to start")
+    wait_for(
+        lambda: pd.status_of("wait") == "in_progress", timeout=30, what="the shell task to start"
+    )
     os.killpg(orch.pid, signal.SIGKILL)  # orch and the shell task die; the server does not
     orch.communicate()
     first = marked_processes(tmp_path, "ORCH_SERVER=launch@1:")
@@ -326,12 +395,18 @@ def test_a_server_process_that_leaves_its_group_is_ended_too(tmp_path: Path) -> 
     pd = PlanDir(tmp_path)
     port = free_port()
     escape = f"setsid sleep 300 & exec {sys.executable} {STUB} {port}"
-    plan = pd.write(stub_plan(port, command=f"[bash, -c, {json.dumps(escape)}]", extra="""
+    plan = pd.write(
+        stub_plan(
+            port,
+            command=f"[bash, -c, {json.dumps(escape)}]",
+            extra="""
       - id: stop
         kind: server.stop
         needs: [launch]
         params: {server: launch}
-    """))
+    """,
+        )
+    )
     r = run_orch("run", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "every process it spawned (2 processes: " in r.stderr  # bash's python, and the sleep
@@ -358,8 +433,12 @@ def test_a_server_is_held_before_any_of_its_processes_exists(tmp_path: Path) -> 
     """An orch killed at any moment after the start has committed the marker that finds
     every process of the server (the next run ends them by it)."""
     port = free_port()
-    params = LaunchParams(flavour="command", command=[sys.executable, STUB, str(port), "--child"],
-                          port=port, ready_timeout=30)
+    params = LaunchParams(
+        flavour="command",
+        command=[sys.executable, STUB, str(port), "--child"],
+        port=port,
+        ready_timeout=30,
+    )
     sink = RecordingSink()
     ctx = Context("launch", 1, 1, tmp_path / "launch.log", None, sink)
     ServerLaunch(params).run(ctx)
@@ -394,13 +473,26 @@ def test_an_orch_killed_as_its_server_starts_leaves_it_to_the_next_run(tmp_path:
 def test_process_stop_ends_a_hand_started_server_with_its_children(tmp_path: Path) -> None:
     pd = PlanDir(tmp_path)
     port = free_port()
-    server = subprocess.Popen([sys.executable, STUB, str(port), "--child"],
-                              start_new_session=True, stdout=subprocess.DEVNULL)
+    server = subprocess.Popen(
+        [sys.executable, STUB, str(port), "--child"],
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+    )
     try:
-        wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
-                                        capture_output=True).returncode == 0, what="the stub")
-        group = [int(p) for p in os.listdir("/proc") if p.isdigit() and pid_alive(int(p))
-                 and os.getpgid(int(p)) == server.pid]
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True
+                ).returncode
+                == 0
+            ),
+            what="the stub",
+        )
+        group = [
+            int(p)
+            for p in os.listdir("/proc")
+            if p.isdigit() and pid_alive(int(p)) and os.getpgid(int(p)) == server.pid
+        ]
         assert len(group) == 2
         plan = pd.write(f"""
         name: t

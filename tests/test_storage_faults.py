@@ -94,23 +94,29 @@ def _index_garbage(data: bytes) -> bytes:
     """An index page scrambled: no command's queries read it, only quick_check notices."""
     conn = sqlite3.connect(":memory:")
     conn.deserialize(data[:18] + b"\x01\x01" + data[20:])  # as rollback-journal: WAL needs a file
-    root, = conn.execute("SELECT rootpage FROM sqlite_master WHERE type='index'"
-                         " AND tbl_name='transitions'").fetchone()
+    (root,) = conn.execute(
+        "SELECT rootpage FROM sqlite_master WHERE type='index' AND tbl_name='transitions'"
+    ).fetchone()
     conn.close()
     at = (root - 1) * 4096
-    return data[:at] + bytes(b ^ 0x5A for b in data[at:at + 4096]) + data[at + 4096:]
+    return data[:at] + bytes(b ^ 0x5A for b in data[at : at + 4096]) + data[at + 4096 :]
 
 
-@pytest.mark.parametrize(("damage", "words"), [
-    (_empty, ("is empty (0 bytes)", "move it aside", "restore a backup")),
-    (_half, ("truncated",)),
-    (_header_garbage, ("not an SQLite database",)),
-    (_text_file, ("not an SQLite database",)),
-    (_pages_garbage, ("damaged", "restore a backup")),
-    (_index_garbage, ("damaged (quick_check", "restore a backup")),
-], ids=["empty", "half", "header", "text", "pages", "index"])
+@pytest.mark.parametrize(
+    ("damage", "words"),
+    [
+        (_empty, ("is empty (0 bytes)", "move it aside", "restore a backup")),
+        (_half, ("truncated",)),
+        (_header_garbage, ("not an SQLite database",)),
+        (_text_file, ("not an SQLite database",)),
+        (_pages_garbage, ("damaged", "restore a backup")),
+        (_index_garbage, ("damaged (quick_check", "restore a backup")),
+    ],
+    ids=["empty", "half", "header", "text", "pages", "index"],
+)
 def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
-        pdir: PlanDir, damage: Callable[[bytes], bytes], words: tuple[str, ...]) -> None:
+    pdir: PlanDir, damage: Callable[[bytes], bytes], words: tuple[str, ...]
+) -> None:
     store = finished_store(pdir)
     damaged = damage(store.read_bytes())
     store.write_bytes(damaged)
@@ -147,19 +153,27 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(at=st.one_of(st.integers(0, 99), st.integers(100, 1 << 20)),
-       junk=st.binary(min_size=1, max_size=64))
+@given(
+    at=st.one_of(st.integers(0, 99), st.integers(100, 1 << 20)),
+    junk=st.binary(min_size=1, max_size=64),
+)
 def test_any_damage_to_the_store_is_an_outcome_not_a_traceback(
-        pristine: Path, at: int, junk: bytes) -> None:
+    pristine: Path, at: int, junk: bytes
+) -> None:
     """Bytes overwritten anywhere (the header, or any page): each reading command either works
     or exits 2 with an `orch:` message; nothing raises."""
     original = pristine.read_bytes()
     offset = at % len(original)
-    damaged = original[:offset] + junk + original[offset + len(junk):]
+    damaged = original[:offset] + junk + original[offset + len(junk) :]
     store = pristine.with_name(".orch") / "t.db"
     store.write_bytes(damaged[: len(original)])
-    for args in (["status"], ["history"], ["history", "--transitions"], ["logs", "a"],
-                 ["plan", "plan.yaml"]):
+    for args in (
+        ["status"],
+        ["history"],
+        ["history", "--transitions"],
+        ["logs", "a"],
+        ["plan", "plan.yaml"],
+    ):
         with contextlib.chdir(pristine.parent):  # the log's path is kept relative to here
             r = CliRunner().invoke(cli, [*args, "--store", str(store)])
         assert r.exit_code in (0, 2), (args, r.exit_code, r.output, r.exception)
@@ -213,8 +227,11 @@ def test_store_replaced_mid_run_stops_the_run(pdir: PlanDir) -> None:
 def tmpfs(where: Path, size: str) -> Iterator[Path]:
     """A small file system of its own (root only), unmounted whatever happens."""
     where.mkdir()
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs",
-                        str(where)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size},mode=0755", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {r.stderr.strip()}")
     try:
@@ -309,8 +326,7 @@ def test_files_and_folders_orch_creates_are_private(pdir: PlanDir) -> None:
     assert live == dict.fromkeys(live, 0o600)
     runs = store.with_name("t.runs")
     folders = [store.parent, runs, runs / "1"]
-    files = [store, store.with_name("t.db.lock"), runs / "1" / "a.log",
-             runs / "1" / "events.jsonl"]
+    files = [store, store.with_name("t.db.lock"), runs / "1" / "a.log", runs / "1" / "events.jsonl"]
     assert {p.name: mode(p) for p in folders} == {p.name: 0o700 for p in folders}
     assert {p.name: mode(p) for p in files} == {p.name: 0o600 for p in files}
 

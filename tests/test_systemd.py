@@ -61,8 +61,9 @@ def sandbox() -> Iterator[Sandbox]:
     finally:
         sb.shutdown()
         remove(sb)
-        assert Path(guard).exists() and Path(sys.executable).exists(), \
+        assert Path(guard).exists() and Path(sys.executable).exists(), (
             "the sandbox damaged the host's /tmp"
+        )
         os.unlink(guard)
 
 
@@ -83,10 +84,15 @@ def _port_open(port: int) -> bool:
 def make_unit(sb: Sandbox, mode: str = "plain", running: bool = True, **service: str) -> Unit:
     """A service running the stand-in server on a free port, started unless `running=False`."""
     unit = Unit(f"standin-{next(_numbers)}.service", free_port())
-    lines = [f'ExecStart="{sys.executable}" "{sb.root / "server"}" {unit.port} {mode}',
-             *(f"{k}={v}" for k, v in service.items())]
-    sb.write_unit(unit.name, "[Unit]\nDescription=stand-in for an inference server\n"
-                             "[Service]\n" + "\n".join(lines) + "\n")
+    lines = [
+        f'ExecStart="{sys.executable}" "{sb.root / "server"}" {unit.port} {mode}',
+        *(f"{k}={v}" for k, v in service.items()),
+    ]
+    sb.write_unit(
+        unit.name,
+        "[Unit]\nDescription=stand-in for an inference server\n"
+        "[Service]\n" + "\n".join(lines) + "\n",
+    )
     sb.daemon_reload()
     if running:
         r = sb.systemctl("start", unit.name)
@@ -172,18 +178,38 @@ def test_probe_tells_missing_from_inactive_from_no_systemd(sandbox: Sandbox) -> 
     """'unit not found', 'inactive' and 'systemd not running here' are three outcomes."""
     gone = probe(sandbox, "no-such-unit.service")
     assert gone["type"] == "UnitNotFound"
-    assert gone["describe"] == ("no-such-unit.service does not exist: "
-                                "systemd has no unit file for it (not-found)")
+    assert gone["describe"] == (
+        "no-such-unit.service does not exist: systemd has no unit file for it (not-found)"
+    )
     idle = make_unit(sandbox, running=False)
     p = probe(sandbox, idle.name)
     assert p["type"] == "UnitState" and p["describe"] == f"{idle.name} is inactive (dead)"
     # No systemd: a fresh PID and mount namespace whose /run holds no /run/systemd/system.
     r = subprocess.run(
-        ["unshare", "--fork", "--pid", "--mount", "--mount-proc", "--propagation", "private",
-         "--", "sh", "-c", 'mount -t tmpfs tmpfs /run && exec "$@"', "sh",
-         sys.executable, "-c", PROBE, "vllm.service"],
-        capture_output=True, text=True, timeout=30, env={**os.environ, "PYTHONPATH": "."},
-        cwd=Path(__file__).resolve().parent.parent)
+        [
+            "unshare",
+            "--fork",
+            "--pid",
+            "--mount",
+            "--mount-proc",
+            "--propagation",
+            "private",
+            "--",
+            "sh",
+            "-c",
+            'mount -t tmpfs tmpfs /run && exec "$@"',
+            "sh",
+            sys.executable,
+            "-c",
+            PROBE,
+            "vllm.service",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env={**os.environ, "PYTHONPATH": "."},
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     assert r.returncode == 0, r.stderr
     none = json.loads(r.stdout)
     assert none["type"] == "SystemdUnavailable"
@@ -197,9 +223,16 @@ def test_unit_names_and_timespans() -> None:
     assert unit_name("sglang@0.service") == "sglang@0.service"
     assert unit_name("-.slice") == "-.slice"
     assert unit_name("dev-disk-by\\x2duuid.device") == "dev-disk-by\\x2duuid.device"
-    for bad, words in [("vllm; rm -rf /", "';'"), ("a b", "' '"), ("$(reboot)", "'\\$'"),
-                       ("x`id`", "'`'"), ("tpl@.service", "template"), ("@x.service", "before"),
-                       ("a@b@c.service", "more than one"), ("", "required")]:
+    for bad, words in [
+        ("vllm; rm -rf /", "';'"),
+        ("a b", "' '"),
+        ("$(reboot)", "'\\$'"),
+        ("x`id`", "'`'"),
+        ("tpl@.service", "template"),
+        ("@x.service", "before"),
+        ("a@b@c.service", "more than one"),
+        ("", "required"),
+    ]:
         with pytest.raises(ValueError, match=words):
             unit_name(bad)
     assert parse_timespan("1min 30s") == 90.0
@@ -223,10 +256,14 @@ def test_unit_name_with_shell_metacharacters_is_a_plan_error(pdir_host: PlanDir)
     """)
     r = run_orch("run", plan)
     assert r.returncode == 2
-    assert ("plan.yaml:7: task 'stop': param 'unit': unit name 'vllm; touch /pwned' has "
-            "characters systemd does not allow (' ', '/', ';')") in r.stderr
-    assert ("plan.yaml:10: task 'check' precondition 'systemd.unit': param 'unit': unit name "
-            "'x$(id)' has characters systemd does not allow ('$', '(', ')')") in r.stderr
+    assert (
+        "plan.yaml:7: task 'stop': param 'unit': unit name 'vllm; touch /pwned' has "
+        "characters systemd does not allow (' ', '/', ';')"
+    ) in r.stderr
+    assert (
+        "plan.yaml:10: task 'check' precondition 'systemd.unit': param 'unit': unit name "
+        "'x$(id)' has characters systemd does not allow ('$', '(', ')')"
+    ) in r.stderr
     assert not pdir_host.store_path().exists()
 
 
@@ -253,7 +290,10 @@ def test_stop_already_stopped_unit_is_ok(sandbox: Sandbox, pdir: PlanDir) -> Non
 def test_missing_unit_fails_the_task_and_blocks_the_check(sandbox: Sandbox, pdir: PlanDir) -> None:
     """A unit that does not exist fails systemd.stop/start clearly; systemd.unit blocks,
     unless it asks for `load: not-found`."""
-    tasks = run_plan(sandbox, pdir, """
+    tasks = run_plan(
+        sandbox,
+        pdir,
+        """
         name: t
         tasks:
           - {id: stop, kind: systemd.stop, params: {unit: no-such-unit}}
@@ -266,7 +306,9 @@ def test_missing_unit_fails_the_task_and_blocks_the_check(sandbox: Sandbox, pdir
             kind: shell
             preconditions: [{kind: systemd.unit, unit: no-such-unit, load: not-found}]
             params: {command: "true"}
-    """, "--keep-going")
+    """,
+        "--keep-going",
+    )
     missing = "no-such-unit.service does not exist: systemd has no unit file for it (not-found)"
     assert tasks["stop"]["status"] == "failed" and tasks["stop"]["last_error"] == missing
     assert tasks["start"]["status"] == "failed" and tasks["start"]["last_error"] == missing
@@ -283,8 +325,9 @@ def test_stop_of_unit_ignoring_sigterm_ends_with_sigkill(sandbox: Sandbox, pdir:
     assert a["status"] == "completed", a
     f = a["f"]
     assert f["final_state"]["value"] == "failed (failed)"
-    assert f["final_state"]["note"] == ("SIGTERM was not enough: systemd sent SIGKILL after "
-                                        "TimeoutStopSec=1s")
+    assert f["final_state"]["note"] == (
+        "SIGTERM was not enough: systemd sent SIGKILL after TimeoutStopSec=1s"
+    )
     assert f["duration"]["value"] >= 0.9
     assert f["cgroup"]["value"] == "empty" and not _port_open(unit.port)
 
@@ -296,8 +339,11 @@ def test_stop_past_our_deadline_fails_with_the_state(sandbox: Sandbox, pdir: Pla
     a = run_plan(sandbox, pdir, one_task("systemd.stop", unit=unit.name, timeout="700ms"))["a"]
     assert a["status"] == "failed"
     error = a["last_error"]
-    assert re.match(rf"stop of {unit.name} did not finish within [\d.]+s: {unit.name} is "
-                    r"deactivating \(stop-sigterm\), main pid \d+, job \d+ pending", error)
+    assert re.match(
+        rf"stop of {unit.name} did not finish within [\d.]+s: {unit.name} is "
+        r"deactivating \(stop-sigterm\), main pid \d+, job \d+ pending",
+        error,
+    )
     assert "systemd sends SIGKILL after TimeoutStopSec=60s" in error
     assert a["f"]["previous_state"]["value"] == "active (running)"
     sandbox.systemctl("kill", "--signal=SIGKILL", unit.name)  # don't leave it for 60 s
@@ -311,14 +357,18 @@ def test_kill_mode_process_leftovers(sandbox: Sandbox, pdir: PlanDir) -> None:
     main, child = (p["pid"] for p in probe(sandbox, unit.name)["processes"])
     a = run_plan(sandbox, pdir, one_task("systemd.stop", unit=unit.name))["a"]
     assert a["status"] == "failed"
-    assert any(m.startswith(f"warning: KillMode=process: stopping {unit.name} leaves")
-               for m in progress_lines(pdir))
+    assert any(
+        m.startswith(f"warning: KillMode=process: stopping {unit.name} leaves")
+        for m in progress_lines(pdir)
+    )
     assert a["f"]["kill_mode"]["value"] == "process"
     assert "children running" in a["f"]["kill_mode"]["note"]
     assert a["f"]["leftovers"]["value"] == 1
-    assert a["last_error"].startswith(f"{unit.name} is inactive (dead), but 1 process remains in "
-                                      f"its control group /system.slice/{unit.name} "
-                                      f"(KillMode=process): pid {child} ")
+    assert a["last_error"].startswith(
+        f"{unit.name} is inactive (dead), but 1 process remains in "
+        f"its control group /system.slice/{unit.name} "
+        f"(KillMode=process): pid {child} "
+    )
     assert [p["pid"] for p in probe(sandbox, unit.name)["processes"]] == [child]
     a = run_plan(sandbox, pdir, one_task("systemd.stop", unit=unit.name, kill_leftovers=True))["a"]
     assert a["status"] == "completed", a
@@ -333,8 +383,19 @@ def test_stop_of_transient_unit_that_is_collected(sandbox: Sandbox, pdir: PlanDi
     """A `systemd-run --collect` unit (how a server is launched) vanishes once stopped: ok."""
     name, port = f"transient-{next(_numbers)}.service", free_port()
     sandbox.units.add(name)
-    r = sandbox.run(["systemd-run", f"--unit={name}", "--collect", "-p", "KillMode=mixed",
-                     sys.executable, str(sandbox.root / "server"), str(port), "plain"])
+    r = sandbox.run(
+        [
+            "systemd-run",
+            f"--unit={name}",
+            "--collect",
+            "-p",
+            "KillMode=mixed",
+            sys.executable,
+            str(sandbox.root / "server"),
+            str(port),
+            "plain",
+        ]
+    )
     assert r.returncode == 0, r.stderr
     wait_for(lambda: _port_open(port), 10, "transient server listening")
     a = run_plan(sandbox, pdir, one_task("systemd.stop", unit=name))["a"]
@@ -351,7 +412,10 @@ def test_stop_of_transient_unit_that_is_collected(sandbox: Sandbox, pdir: PlanDi
 def test_start_restart_and_unit_check(sandbox: Sandbox, pdir: PlanDir) -> None:
     """start (then again: already active), restart gives a new main pid; systemd.unit checks."""
     unit = make_unit(sandbox, running=False)
-    tasks = run_plan(sandbox, pdir, f"""
+    tasks = run_plan(
+        sandbox,
+        pdir,
+        f"""
         name: t
         tasks:
           - id: start
@@ -367,7 +431,8 @@ def test_start_restart_and_unit_check(sandbox: Sandbox, pdir: PlanDir) -> None:
             needs: restart
             preconditions: [{{kind: systemd.unit, unit: {unit.name}, state: [inactive, failed]}}]
             params: {{command: "true"}}
-    """)
+    """,
+    )
     start_, again, restart = tasks["start"], tasks["again"], tasks["restart"]
     assert start_["status"] == again["status"] == restart["status"] == "completed"
     assert start_["f"]["previous_state"]["value"] == "inactive (dead)"
@@ -382,7 +447,8 @@ def test_start_restart_and_unit_check(sandbox: Sandbox, pdir: PlanDir) -> None:
     assert tasks["blocked"]["status"] == "blocked"
     assert tasks["blocked"]["reason"] == (
         f"precondition systemd.unit failed: {unit.name} is active (running), main pid {new_pid}"
-        " (wanted: inactive or failed)")
+        " (wanted: inactive or failed)"
+    )
     wait_for(lambda: _port_open(unit.port), 10, "restarted server listening")
 
 
@@ -412,9 +478,11 @@ def test_failed_start_says_how_the_main_process_ended(sandbox: Sandbox, pdir: Pl
     sandbox.daemon_reload()
     a = run_plan(sandbox, pdir, one_task("systemd.start", unit=name))["a"]
     assert a["status"] == "failed"
-    assert a["last_error"] == (f"{name} failed to start: {name} is failed (failed), result "
-                               f"exit-code; main process exited with status 3; "
-                               f"see `journalctl -u {name}`")
+    assert a["last_error"] == (
+        f"{name} failed to start: {name} is failed (failed), result "
+        f"exit-code; main process exited with status 3; "
+        f"see `journalctl -u {name}`"
+    )
 
 
 # --- end to end ----------------------------------------------------------------------------------
@@ -446,24 +514,32 @@ def test_plan_stops_a_server_and_waits_for_its_port(sandbox: Sandbox, pdir: Plan
     assert probe(sandbox, unit.name)["describe"] == f"{unit.name} is inactive (dead)"
     board = r.stdout  # `orch run` ends with the board
     line = next(ln for ln in board.splitlines() if "stop_server" in ln)
-    assert re.search(r"✓ stop_server .* Stop the inference server .*"
-                     r"previous_state=active \(running\) \(main pid \d+\), "
-                     r"final_state=inactive \(dead\), duration=[\d.]+ s, cgroup=empty$", line)
+    assert re.search(
+        r"✓ stop_server .* Stop the inference server .*"
+        r"previous_state=active \(running\) \(main pid \d+\), "
+        r"final_state=inactive \(dead\), duration=[\d.]+ s, cgroup=empty$",
+        line,
+    )
     assert re.search(r"✓ next_step .* next=ran$", board, re.MULTILINE)
     assert "2 tasks: 2 completed" in board
 
 
 # --- server.launch under systemd ------------------------------------------------------------------
 
+
 @pytest.mark.systemd
 def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
-        sandbox: Sandbox, pdir: PlanDir) -> None:
+    sandbox: Sandbox, pdir: PlanDir
+) -> None:
     """Where systemd runs, server.launch uses `systemd-run` (KillMode=mixed, the log appended
     to the task's server log); server.stop ends the main process and the child it forked, and
     the collected unit is gone."""
     port = free_port()
     stub = Path(__file__).with_name("openai_stub.py")
-    tasks = run_plan(sandbox, pdir, f"""
+    tasks = run_plan(
+        sandbox,
+        pdir,
+        f"""
         name: t
         tasks:
           - id: launch
@@ -484,7 +560,8 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
                 print("::finding processes=%d" % len(read_unit(sys.argv[1]).processes))'
                 ${{tasks.launch.findings.supervisor}}
           - {{id: stop, kind: server.stop, needs: [look], params: {{server: launch}}}}
-    """)
+    """,
+    )
     assert {t["status"] for t in tasks.values()} == {"completed"}, tasks
     unit = tasks["launch"]["f"]["supervisor"]["value"]
     assert re.fullmatch(r"orch-launch-1-[0-9a-f]{6}\.service", unit)
@@ -501,7 +578,8 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
 @pytest.mark.vllm
 @pytest.mark.usefixtures("vllm_cpu")
 def test_the_rehearsal_stops_a_vllm_unit_with_its_engine_processes(
-        sandbox: Sandbox, pdir: PlanDir) -> None:
+    sandbox: Sandbox, pdir: PlanDir
+) -> None:
     """plans/rehearsal.yaml's first step where systemd runs (`--var production=systemd`): a real
     vLLM as a unit, API server plus EngineCore in its cgroup, stopped with nothing left."""
     port = free_port()
@@ -510,14 +588,33 @@ def test_the_rehearsal_stops_a_vllm_unit_with_its_engine_processes(
     r = sandbox.run(["systemd-run", f"--unit={unit}", "--", str(serve), str(port)])
     assert r.returncode == 0, r.stderr
     sandbox.units.add(unit)
-    wait_for(lambda: subprocess.run(["curl", "-sf", f"http://127.0.0.1:{port}/health"],
-                                    capture_output=True).returncode == 0,
-             timeout=300, what=f"vLLM in {unit}")
+    wait_for(
+        lambda: (
+            subprocess.run(
+                ["curl", "-sf", f"http://127.0.0.1:{port}/health"], capture_output=True
+            ).returncode
+            == 0
+        ),
+        timeout=300,
+        what=f"vLLM in {unit}",
+    )
     engine = len(probe(sandbox, unit)["processes"])
     assert engine >= 2  # the API server and its EngineCore at least
     plan = Path(__file__).resolve().parent.parent / "plans" / "rehearsal.yaml"
-    r = orch(sandbox, "run", plan, "--only", "stop_vllm_unit", "--store", pdir.root / "r.db",
-             "--var", "production=systemd", "--var", f"production_unit={unit}", "--json")
+    r = orch(
+        sandbox,
+        "run",
+        plan,
+        "--only",
+        "stop_vllm_unit",
+        "--store",
+        pdir.root / "r.db",
+        "--var",
+        "production=systemd",
+        "--var",
+        f"production_unit={unit}",
+        "--json",
+    )
     assert r.returncode == 0, r.stdout + r.stderr
     (task,) = [t for t in json.loads(r.stdout)["tasks"] if t["id"] == "stop_vllm_unit"]
     f = {x["key"]: x["value"] for x in task["findings"]}

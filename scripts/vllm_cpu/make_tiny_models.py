@@ -24,11 +24,59 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast 
 VOCAB = 512
 NOISE = 0.01
 WORDS = [
-    "the", "a", "of", "to", "in", "is", "was", "for", "on", "with", "as", "by", "at", "from",
-    "that", "this", "it", "be", "are", "model", "server", "token", "stream", "metric", "request",
-    "response", "cache", "batch", "draft", "hello", "world", "fast", "slow", "small", "large",
-    "test", "check", "run", "start", "stop", "queue", "time", "one", "two", "three", "four",
-    "five", "six", "seven", "eight", "nine", "ten", "zero"
+    "the",
+    "a",
+    "of",
+    "to",
+    "in",
+    "is",
+    "was",
+    "for",
+    "on",
+    "with",
+    "as",
+    "by",
+    "at",
+    "from",
+    "that",
+    "this",
+    "it",
+    "be",
+    "are",
+    "model",
+    "server",
+    "token",
+    "stream",
+    "metric",
+    "request",
+    "response",
+    "cache",
+    "batch",
+    "draft",
+    "hello",
+    "world",
+    "fast",
+    "slow",
+    "small",
+    "large",
+    "test",
+    "check",
+    "run",
+    "start",
+    "stop",
+    "queue",
+    "time",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "zero",
 ]
 
 
@@ -43,26 +91,49 @@ def tokenizer() -> PreTrainedTokenizerFast:
     tok = Tokenizer(models.BPE(unk_token="<unk>"))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.train_from_iterator(corpus(), trainer=trainers.BpeTrainer(
-        vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>", "<pad>"], show_progress=False))
+    tok.train_from_iterator(
+        corpus(),
+        trainer=trainers.BpeTrainer(
+            vocab_size=VOCAB, special_tokens=["<unk>", "<s>", "</s>", "<pad>"], show_progress=False
+        ),
+    )
     tok.post_processor = processors.TemplateProcessing(
-        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))])
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                   unk_token="<unk>", pad_token="<pad>", model_max_length=2048)
-    fast.chat_template = ("{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n"
-                          "{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|>\n{% endif %}")
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        pad_token="<pad>",
+        model_max_length=2048,
+    )
+    fast.chat_template = (
+        "{{ bos_token }}{% for m in messages %}<|{{ m['role'] }}|>\n"
+        "{{ m['content'] }}{{ eos_token }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+    )
     return fast
 
 
 def llama(tok, *, layers: int, hidden: int, heads: int, kv_heads: int, seed: int):
     torch.manual_seed(seed)
     config = LlamaConfig(
-        vocab_size=(len(tok) + 63) // 64 * 64, hidden_size=hidden, intermediate_size=2 * hidden,
-        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        head_dim=hidden // heads, max_position_embeddings=2048, rms_norm_eps=1e-5,
-        tie_word_embeddings=False, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, torch_dtype="float32")
+        vocab_size=(len(tok) + 63) // 64 * 64,
+        hidden_size=hidden,
+        intermediate_size=2 * hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=hidden // heads,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=False,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        torch_dtype="float32",
+    )
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # a larger init than the default: peaky logits, firm greedy choices
         for name, p in model.named_parameters():
@@ -82,8 +153,11 @@ def main(out: str) -> None:
     tok = tokenizer()
     target = llama(tok, layers=2, hidden=128, heads=4, kv_heads=2, seed=1)
     save(target, tok, os.path.join(out, "target"))
-    save(llama(tok, layers=1, hidden=64, heads=2, kv_heads=1, seed=2), tok,
-         os.path.join(out, "other"))
+    save(
+        llama(tok, layers=1, hidden=64, heads=2, kv_heads=1, seed=2),
+        tok,
+        os.path.join(out, "other"),
+    )
     noise = torch.Generator().manual_seed(4)
     with torch.no_grad():
         for p in target.parameters():
