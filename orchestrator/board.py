@@ -163,7 +163,7 @@ def status_json(
     run: sqlite3.Row | None,
     stale: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
-    """The documented `orch status --json` object (schema orch.status/v1, see README)."""
+    """The documented `orch status --json` object (schema orch.status/v1, see docs/design.md)."""
     stale = stale or {}
     return {
         "schema": STATUS_SCHEMA,

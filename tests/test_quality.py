@@ -32,3 +32,14 @@ def test_mypy_strict_is_clean() -> None:
     """orchestrator/, probes/ and tasks/ type-check under mypy --strict."""
     r = subprocess.run([sys.executable, "-m", "mypy"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_the_kinds_reference_is_generated_from_the_code() -> None:
+    """docs/kinds.md is what scripts/kinds_doc.py makes of each kind's pydantic model now."""
+    r = subprocess.run(
+        [sys.executable, "scripts/kinds_doc.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
