@@ -290,6 +290,7 @@ def _record_stop(path: Path, why: str) -> None:
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @store_option
 @json_option
+@click.option("--watch", "-w", is_flag=True, help="Follow a run: redraw the board as it changes.")
 @click.option(
     "--format",
     "fmt",
@@ -298,12 +299,15 @@ def _record_stop(path: Path, why: str) -> None:
     show_default=True,
     help="todowrite: the agent todo-list schema.",
 )
-def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str) -> None:
+def status(
+    plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str, watch: bool
+) -> None:
     """Show the todo board: one line per task with its findings.
 
     With PLAN, completed tasks whose spec has changed since they ran are marked stale.
     Without it, the store comes from --store, ORCH_STORE, or the one .orch/*.db found here.
-    A run whose orchestrator died is closed and its task marked interrupted.
+    A run whose orchestrator died is closed and its task marked interrupted. --watch follows
+    a run from another terminal: the board is redrawn as it changes until no run is going.
 
     \b
     Example:
@@ -312,7 +316,10 @@ def status(plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: st
     """
     plan = _load(plan_file, ()) if plan_file else None
     path = _store_path(store_opt, plan)
-    _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
+    if watch:
+        _watch(path, plan, as_json, todowrite=fmt == "todowrite")
+    else:
+        _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
 
 
 def _show_status(
@@ -323,10 +330,24 @@ def _show_status(
     stale: dict[str, Any] | None = None,
     stream: Any = None,
 ) -> None:
-    from . import board
     from .terminal import use_color
 
     stream = stream or sys.stdout
+    text, _ = _status_text(path, plan, as_json, todowrite, stale, use_color(stream))
+    click.echo(text, file=stream)
+
+
+def _status_text(
+    path: Path,
+    plan: Plan | None,
+    as_json: bool,
+    todowrite: bool,
+    stale: dict[str, Any] | None,
+    color: bool,
+) -> tuple[str, bool]:
+    """The board (or its JSON) as text, and whether a run is going now."""
+    from . import board
+
     store = _open_store(path)
     try:
         _close_dead_runs_if_free(store)
@@ -338,20 +359,40 @@ def _show_status(
             stale = _stale_of(plan, rows)
     finally:
         store.close()
+    going = run is not None and run["ended_at"] is None
     if todowrite:
-        click.echo(json.dumps(board.todowrite(rows, findings), indent=2), file=stream)
-    elif as_json:
-        click.echo(
-            json.dumps(board.status_json(name, str(path), rows, findings, run, stale), indent=2),
-            file=stream,
-        )
-    else:
-        click.echo(
-            board.render_board(
-                name, str(path), rows, findings, run, stale, color=use_color(stream)
-            ),
-            file=stream,
-        )
+        return json.dumps(board.todowrite(rows, findings), indent=2), going
+    if as_json:
+        return json.dumps(
+            board.status_json(name, str(path), rows, findings, run, stale), indent=2
+        ), going
+    return board.render_board(name, str(path), rows, findings, run, stale, color=color), going
+
+
+def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> None:
+    """Redraw the board whenever it changes (in place on a terminal, one after another in a
+    pipe) until no run is going; Ctrl-C stops watching (exit 0)."""
+    import time
+
+    from .terminal import use_color
+
+    tty, shown = sys.stdout.isatty(), None
+    try:
+        while not path.exists():  # started before the run made the store
+            if shown is None:
+                click.echo(f"waiting for a run to create {path} ...", err=True)
+                shown = ""
+            time.sleep(0.5)
+        while True:
+            text, going = _status_text(path, plan, as_json, todowrite, None, use_color(sys.stdout))
+            if text != shown:
+                click.echo(("\x1b[H\x1b[2J" if tty else "") + text, nl=True)
+                shown = text
+            if not going:
+                return
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return
 
 
 def _close_dead_runs_if_free(store: Store) -> None:

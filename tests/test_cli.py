@@ -8,6 +8,7 @@ import sqlite3
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -325,3 +326,33 @@ def test_orch_plan_checks_what_it_can_like_a_check_mode(pdir: PlanDir) -> None:
     assert steps["d"]["action"] == "run" and "if ${tasks.a.findings.x} > 0" in steps["d"]["reason"]
     assert "checked only by the run: command" in steps["d"]["reason"]
     assert not (pdir.root / "ran").exists() and not pdir.store_path().exists()
+
+
+def test_status_watch_follows_a_run_until_it_ends(pdir: PlanDir) -> None:
+    """From another terminal: each change is printed (a pipe gets them one after another) and
+    the watch ends by itself with the run."""
+    go = pdir.root / "go"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params: {{command: "touch {pdir.root}/up; until [ -e {go} ]; do sleep 0.05; done"}}
+          - {{id: b, kind: shell, needs: [a], params: {{command: "true"}}}}
+    """)
+    run = start_orch("run", plan)
+    watch = None
+    try:
+        wait_for((pdir.root / "up").exists, what="task a started")
+        watch = start_orch("status", plan, "--watch")
+        time.sleep(1.5)  # the watch shows a running
+        go.touch()
+        out, err = watch.communicate(timeout=30)
+        assert watch.returncode == 0, err
+        assert "▶ a" in out and out.rstrip().endswith("2 tasks: 2 completed")
+        assert out.count("run #1") >= 2, out
+    finally:
+        run.communicate(timeout=30)
+        if watch is not None and watch.poll() is None:
+            watch.kill()
+            watch.communicate()
