@@ -214,20 +214,26 @@ def run(
         _show_status(guess, None, as_json)
         sys.exit(EXIT_OK)
 
+    from contextlib import nullcontext
+
     from .executor import RunOptions, execute
+    from .liveboard import LiveBoard, wanted
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
+    # On a terminal the board is redrawn in place and the log lines go to events.jsonl only.
+    live = not (quiet or as_json) and wanted(sys.stderr)
     options = RunOptions(
         keep_going,
         rerun,
         from_task,
         only,
-        "warning" if quiet or as_json else "info",
+        "critical" if live else "warning" if quiet or as_json else "info",
         plan_digest=digest,
     )
     try:
-        result = execute(plan, path, options)
+        with LiveBoard(path.absolute()) if live else nullcontext():
+            result = execute(plan, path, options)
     except OrchError as exc:
         _record_stop(path, str(exc))
         raise

@@ -19,6 +19,7 @@ LEVELS = {
     "info": logging.INFO,
     "warning": logging.WARNING,
     "error": logging.ERROR,
+    "critical": logging.CRITICAL,  # nothing orch logs: the live board shows the run
 }
 
 

@@ -356,3 +356,50 @@ def test_status_watch_follows_a_run_until_it_ends(pdir: PlanDir) -> None:
         if watch is not None and watch.poll() is None:
             watch.kill()
             watch.communicate()
+
+
+def test_run_on_a_terminal_redraws_the_board_in_place(pdir: PlanDir) -> None:
+    """On a terminal (a real pty) the board is drawn and redrawn in place, the log lines go
+    to events.jsonl only; in a pipe the log lines are printed as before."""
+    import os
+    import pty
+    import select
+
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "sleep 1"}}
+          - {id: b, kind: shell, needs: [a], params: {command: "sleep 1"}}
+    """)
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [ORCH, "run", str(plan)],
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env={**os.environ, "NO_COLOR": "1", "TERM": "xterm"},
+        start_new_session=True,
+    )
+    os.close(slave)
+    seen = b""
+    while True:
+        ready, _, _ = select.select([master], [], [], 30)
+        assert ready, f"no output from orch run on a terminal: {seen!r}"
+        try:
+            chunk = os.read(master, 65536)
+        except OSError:  # EIO: the pty closed, orch has exited
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(master)
+    assert proc.wait(timeout=30) == 0
+    text = seen.decode()
+    assert "\x1b[J" in text and "F\x1b[J" in text  # a drawing was erased and redrawn
+    assert "▶ a" in text and "▶ b" in text  # the board while each task ran
+    assert "task.started" not in text  # log lines are not on the terminal ...
+    events = (pdir.store_path().with_name("t.runs") / "1" / "events.jsonl").read_text()
+    assert '"event": "task.started"' in events  # ... they are in the run's events
+    assert text.rstrip().endswith("2 tasks: 2 completed")
+    piped = run_orch("run", plan, "--rerun", "a")
+    assert "task.started" in piped.stderr and "\x1b[" not in piped.stderr
