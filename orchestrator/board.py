@@ -134,7 +134,7 @@ def render_board(
                 f"    | {ln}"[:width] for ln in clean(r["output_tail"] or "").splitlines()[-8:]
             ]
             if r["log_path"]:
-                lines.append(f"    full log: orch logs {r['id']}")
+                lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
     return "\n".join(lines)
 
 
