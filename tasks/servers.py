@@ -32,6 +32,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Literal
@@ -295,6 +296,8 @@ class _Group:
         handle: dict[str, Any], p: LaunchParams, argv: list[str], log: Path, cwd: str
     ) -> dict[str, Any]:
         box = _jail(handle)
+        scratch = _scratch(handle)
+        scratch.mkdir(mode=0o700, exist_ok=True)
         with log.open("ab") as out:
             try:
                 proc = subprocess.Popen(
@@ -303,7 +306,12 @@ class _Group:
                     stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL,
                     cwd=cwd,
-                    env={**os.environ, **p.env, "ORCH_SERVER": handle["marker"]},
+                    env={
+                        **os.environ,
+                        "TMPDIR": str(scratch),
+                        **p.env,
+                        "ORCH_SERVER": handle["marker"],
+                    },
                     start_new_session=True,
                     preexec_fn=box.prepare(),
                     umask=user_umask(),
@@ -331,6 +339,7 @@ class _Group:
         pid, started = handle.get("pid"), time.monotonic()
         leader = _children.pop(pid, None) if pid is not None else None
         ended = _jail(handle).end(grace, leader)
+        shutil.rmtree(_scratch(handle), ignore_errors=True)
         if not ended:
             return f"server {handle['marker']} had already exited"
         count = plural(len(ended), "process", "processes")
@@ -344,6 +353,12 @@ def _jail(handle: dict[str, Any]) -> Jail:
     """The server's jail; never a systemd scope: under systemd the server is a unit (_Unit)."""
     box = jail(("ORCH_SERVER", handle["marker"]))
     return Jail(box.marker, "marker") if box.mechanism == "scope" else box
+
+
+def _scratch(handle: dict[str, Any]) -> Path:
+    """The server's own temporary folder (its TMPDIR: vLLM's IPC sockets, torch's caches),
+    named from the marker so a later run that ends the server removes it too."""
+    return Path(tempfile.gettempdir()) / _jail(handle).name
 
 
 def supervisor(handle: dict[str, Any]) -> type[_Unit] | type[_Group]:

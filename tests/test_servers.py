@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -511,3 +512,35 @@ def test_process_stop_ends_a_hand_started_server_with_its_children(tmp_path: Pat
         assert r.returncode == 0 and "already stopped" in r.stderr
     finally:
         server.kill()
+
+
+def test_a_server_gets_its_own_temp_folder_removed_when_it_stops(tmp_path: Path) -> None:
+    """vLLM leaves IPC sockets and caches in its TMPDIR: each server gets a private one, gone
+    with the server (a later run that ends it after a crash removes it the same way)."""
+    pd = PlanDir(tmp_path)
+    port = free_port()
+    probe = (
+        f"echo $TMPDIR > {tmp_path}/tmpdir; touch $TMPDIR/socket; "
+        f"exec {sys.executable} {STUB} {port}"
+    )
+    plan = pd.write(
+        stub_plan(
+            port,
+            command=f"[bash, -c, {json.dumps(probe)}]",
+            extra=f"""
+      - id: look
+        kind: shell
+        needs: [launch]
+        params: {{command: "test -e $(cat {tmp_path}/tmpdir)/socket"}}
+      - id: stop
+        kind: server.stop
+        needs: [look]
+        params: {{server: launch}}
+    """,
+        )
+    )
+    r = run_orch("run", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    scratch = Path((tmp_path / "tmpdir").read_text().strip())
+    assert scratch.name.startswith("orch-") and scratch.parent == Path(tempfile.gettempdir())
+    assert not scratch.exists()
