@@ -16,68 +16,16 @@ import random
 import sys
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
 import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
+from tasks.words import WORDS  # noqa: E402  (the prompts' words: the tokenizer must know them)
+
 VOCAB = 512
 NOISE = 0.01
-WORDS = [
-    "the",
-    "a",
-    "of",
-    "to",
-    "in",
-    "is",
-    "was",
-    "for",
-    "on",
-    "with",
-    "as",
-    "by",
-    "at",
-    "from",
-    "that",
-    "this",
-    "it",
-    "be",
-    "are",
-    "model",
-    "server",
-    "token",
-    "stream",
-    "metric",
-    "request",
-    "response",
-    "cache",
-    "batch",
-    "draft",
-    "hello",
-    "world",
-    "fast",
-    "slow",
-    "small",
-    "large",
-    "test",
-    "check",
-    "run",
-    "start",
-    "stop",
-    "queue",
-    "time",
-    "one",
-    "two",
-    "three",
-    "four",
-    "five",
-    "six",
-    "seven",
-    "eight",
-    "nine",
-    "ten",
-    "zero",
-]
 
 
 def corpus(lines: int = 4000):
