@@ -148,6 +148,7 @@ def open_page(url: str, timeout: float = 90) -> PageView:
             stdout=subprocess.DEVNULL,
             stderr=err,
             start_new_session=True,
+            env={**os.environ, "TMPDIR": profile},  # its scratch files go with the profile
         )
     try:
         ws_url, end = None, time.monotonic() + 60
