@@ -403,3 +403,52 @@ def test_run_on_a_terminal_redraws_the_board_in_place(pdir: PlanDir) -> None:
     assert text.rstrip().endswith("2 tasks: 2 completed")
     piped = run_orch("run", plan, "--rerun", "a")
     assert "task.started" in piped.stderr and "\x1b[" not in piped.stderr
+
+
+def doc_examples() -> list[tuple[str, list[str]]]:
+    """(file, argv) of every `orch ...` command in a code block of README.md and docs/ (fences
+    read line by line; a `\\` continuation joined; comments and `.venv/bin/` or `$ ` prefixes
+    dropped; YAML blocks skipped)."""
+    import shlex
+
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for doc in [root / "README.md", *sorted((root / "docs").glob("*.md"))]:
+        fence, pending = None, ""
+        for line in doc.read_text().splitlines():
+            if line.startswith("```"):
+                fence = None if fence is not None else line[3:].strip()
+                continue
+            if fence is None or fence not in ("", "sh"):
+                continue
+            line = pending + line
+            if line.endswith("\\"):
+                pending = line[:-1] + " "
+                continue
+            pending = ""
+            if line.lstrip("$ ").startswith(("orch ", ".venv/bin/orch ")):
+                words = shlex.split(line.lstrip("$ "), comments=True)
+                found.append((doc.name, words[1:]))
+    return found
+
+
+def test_the_docs_examples_work_from_another_folder(tmp_path: Path) -> None:
+    """Each `orch` example of the README and docs/, from a folder that is not the plans':
+    those on the demo plan run for real; a `run` of a plan that needs GPUs or servers is
+    checked with `orch plan` and the same arguments (its vars exist, its values parse), and
+    the rehearsal's own commands run end to end in tests/test_vllm.py."""
+    import shutil
+
+    shutil.copytree(Path(__file__).resolve().parent.parent / "plans", tmp_path / "plans")
+    examples = doc_examples()
+    assert len(examples) >= 6, examples
+    for doc, args in sorted(examples, key=lambda e: e[1][0] != "run"):
+        demo = any(a.endswith("demo.yaml") for a in args)
+        if demo:
+            argv = args
+        elif args[0] == "run":
+            argv = ["plan", *args[1:]]
+        else:
+            continue  # status/logs/report of the rehearsal: test_vllm's rehearsal test
+        r = run_orch(*argv, cwd=tmp_path, timeout=120)
+        assert r.returncode == 0, f"{doc}: orch {' '.join(args)}: {r.stderr[-2000:]}"

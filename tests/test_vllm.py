@@ -256,6 +256,8 @@ def test_the_rehearsal_runs_end_to_end_and_resumes_after_a_kill(
         assert all(again[t] == attempts[t] + 1 for t in rerun)
         assert set(pd.statuses("rehearsal").values()) == {"completed", "skipped"}
         assert marked_processes(ROOT) == []
+        analysis = run_orch("logs", "--store", store, "analyze", cwd=ROOT)
+        assert "speculative decoding against the baseline" in analysis.stdout
         # The report people look at: every benchmark's and the analysis' curves, in a browser.
         made = run_orch("report", "--store", store, "--json", cwd=ROOT, timeout=300)
         assert made.returncode == 0, made.stderr[-3000:]
