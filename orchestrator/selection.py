@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from .errors import UsageError
+from .errors import UsageError, did_you_mean
 from .plan import Plan, PlannedTask, what_changed
 from .status import Status
 
@@ -63,7 +63,8 @@ class Selection:
         for task_id in [*rerun, *only, *([from_task] if from_task else [])]:
             if task_id not in plan.by_id:
                 raise UsageError(
-                    f"no task {task_id!r} in {plan.file} (tasks: {', '.join(plan.by_id)})"
+                    f"no task {task_id!r} in {plan.file}{did_you_mean(task_id, plan.by_id)} "
+                    f"(tasks: {', '.join(plan.by_id)})"
                 )
         holders = {r["name"]: r["task_id"] for r in resources}
         forced = {d for r in rerun for d in _rerun_downstream(plan, r, holders)}

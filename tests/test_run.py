@@ -131,6 +131,8 @@ def test_unknown_task_in_selection_is_usage_error(pdir: PlanDir) -> None:
     assert r.returncode == 2
     assert "no task 'zz'" in r.stderr and "a, b, c, d" in r.stderr
     assert not (pdir.root / "log").exists()
+    typo = run_orch("plan", plan, "--only", "bb")
+    assert typo.returncode == 2 and "(did you mean 'b'?)" in typo.stderr
 
 
 def test_when_false_skips_and_dependents_still_run(pdir: PlanDir) -> None:
