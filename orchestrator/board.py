@@ -60,12 +60,16 @@ def summarize(findings: Sequence[Finding]) -> str:
     """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
     parts = []
     for f in findings:
+        by = f"{f.author}: " if f.author else ""  # recorded by an agent or a person
+        if f.author and f.key == "note":
+            parts.append(f"{by}{f.value}")
+            continue
         if isinstance(f.value, bool):
             value = "true" if f.value else "false"
         else:
             value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
         text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
-        parts.append(f"{text} ({f.note})" if f.note else text)
+        parts.append(by + (f"{text} ({f.note})" if f.note else text))
     return ", ".join(parts)
 
 
@@ -114,18 +118,21 @@ def render_board(
         if status is Status.COMPLETED and r["id"] in stale:
             extra = "stale: " + "; ".join(stale[r["id"]])
         elif status in (Status.COMPLETED, Status.IN_PROGRESS):
-            extra = summarize(findings.get(r["id"], []))
+            extra = summarize(findings.get(r["id"], [])) or (r["reason"] if not r["kind"] else "")
         else:
             extra = r["reason"] or ""
+        title = f"+ {r['title']}" if added(r) else r["title"]
         head = (
             f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
-            f"{_fit(r['title'], title_w):<{title_w}}  {took:>6} {tries:>3}  "
+            f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
         )
         line = head + _fit(extra, max(width - len(head), 10))
         lines.append(paint(line[:3], code) + line[3:])
     total = counts(rows)
     parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
     lines.append(f"{plural(len(rows), 'task')}: " + " · ".join(parts) if rows else "no tasks")
+    if by := sorted({r["origin"] for r in rows if added(r)}):
+        lines.append(f"+ added by {' or '.join(by)}, not in the plan file (orch todo)")
     for r in rows:
         if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
             error = clean(r["last_error"], multiline=False)
@@ -136,6 +143,11 @@ def render_board(
             if r["log_path"]:
                 lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
     return "\n".join(lines)
+
+
+def added(row: sqlite3.Row) -> bool:
+    """Put on the board by an agent or `orch todo add`, not declared by the plan file."""
+    return bool(row["origin"] and row["origin"] != "plan")
 
 
 def _headline(plan_name: str, store_path: str, run: sqlite3.Row | None) -> str:
@@ -186,6 +198,7 @@ def status_json(
                 "title": r["title"],
                 "priority": r["priority"],
                 "kind": r["kind"],
+                "origin": r["origin"],
                 "status": r["status"],
                 "reason": r["reason"],
                 "attempts": r["attempts"],
@@ -197,7 +210,13 @@ def status_json(
                 "log_path": r["log_path"],
                 "stale": list(stale[r["id"]]) if r["id"] in stale else None,
                 "findings": [
-                    {"key": f.key, "value": f.value, "unit": f.unit, "note": f.note}
+                    {
+                        "key": f.key,
+                        "value": f.value,
+                        "unit": f.unit,
+                        "note": f.note,
+                        "author": f.author,
+                    }
                     for f in findings.get(r["id"], [])
                 ],
             }
@@ -207,7 +226,8 @@ def status_json(
 
 
 def todowrite(rows: Sequence[sqlite3.Row], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
-    """Exactly the todowrite tool's input: {"todos": [{"content", "status", "priority"}]}."""
+    """The todowrite tool's input: {"todos": [{"content", "status", "priority"}]}; a task
+    that no plan file declares also has "added_by" (agent or person)."""
     todos = []
     for r in rows:
         status = Status(r["status"])
@@ -215,5 +235,8 @@ def todowrite(rows: Sequence[sqlite3.Row], findings: Mapping[str, list[Finding]]
         if status in (Status.FAILED, Status.BLOCKED, Status.INTERRUPTED):
             note = f"{status}: {r['reason'] or r['last_error'] or ''}".rstrip(": ")
         content = f"{r['title']} ({note})" if note else r["title"]
-        todos.append({"content": content, "status": TODOWRITE[status], "priority": r["priority"]})
+        item = {"content": content, "status": TODOWRITE[status], "priority": r["priority"]}
+        if added(r):
+            item["added_by"] = r["origin"]
+        todos.append(item)
     return {"todos": todos}

@@ -353,26 +353,15 @@ def _status_text(
 ) -> tuple[str, bool]:
     """The board (or its JSON) as text, and whether a run is going now."""
     from . import board
+    from .snapshot import take
 
-    store = _open_store(path)
-    try:
-        _close_dead_runs_if_free(store)
-        rows, findings = store.todos(), store.findings()
-        runs = store.runs(1)
-        run = runs[0] if runs else None
-        name = store.plan_name() or (plan.name if plan else path.stem)
-        if stale is None and plan is not None:
-            stale = _stale_of(plan, rows)
-    finally:
-        store.close()
-    going = run is not None and run["ended_at"] is None
+    snap = take(path, plan, stale, warn=lambda text: click.echo(f"orch: {text}", err=True))
     if todowrite:
-        return json.dumps(board.todowrite(rows, findings), indent=2), going
+        return json.dumps(board.todowrite(snap.rows, snap.findings), indent=2), snap.going
     if as_json:
-        return json.dumps(
-            board.status_json(name, str(path), rows, findings, run, stale), indent=2
-        ), going
-    return board.render_board(name, str(path), rows, findings, run, stale, color=color), going
+        return json.dumps(snap.as_json(), indent=2), snap.going
+    args = (snap.name, str(path), snap.rows, snap.findings, snap.run, snap.stale)
+    return board.render_board(*args, color=color), snap.going
 
 
 def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> None:
@@ -399,35 +388,6 @@ def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> Non
             time.sleep(1.0)
     except KeyboardInterrupt:
         return
-
-
-def _close_dead_runs_if_free(store: Store) -> None:
-    """If no run holds the lock, record the open runs that are dead, and their tasks."""
-    if store.readonly or not store.open_runs():
-        return  # a read-only store is shown as it is: a dead run stays open in it
-    from .liveness import close_dead_runs
-    from .lock import RunLock
-
-    if RunLock(store.path).try_probe():
-        try:
-            close_dead_runs(store, holding_lock=False)
-        except OrchError as exc:  # a full disk, say: the board is still worth showing
-            click.echo(f"orch: could not record the dead run ({exc})", err=True)
-
-
-def _stale_of(plan: Plan, rows: Any) -> dict[str, Any]:
-    from .selection import Action, Selection, decide
-    from .status import Status
-
-    statuses = {r["id"]: Status(r["status"]) for r in rows}
-    by_id = {r["id"]: r for r in rows}
-    selection = Selection.of(plan)
-    stale = {}
-    for task in plan.tasks:
-        d = decide(task, by_id.get(task.id), selection, statuses)
-        if d.action is Action.KEEP and d.stale:
-            stale[task.id] = d.stale
-    return stale
 
 
 # --- validate / plan -------------------------------------------------------------------------
@@ -524,7 +484,8 @@ def plan_cmd(
         return
     id_w = max(len(s["id"]) for s in steps)
     for s in steps:
-        click.echo(f"  {s['action']:<8} {s['id']:<{id_w}}  {s['reason']}")
+        added = f"(added by {s['origin']}) " if s["origin"] != "plan" else ""
+        click.echo(f"  {s['action']:<8} {s['id']:<{id_w}}  {added}{s['reason']}")
         for change in s["changed"]:
             click.echo(f"  {'':<8} {'':<{id_w}}    changed: {change}")
 
@@ -781,22 +742,14 @@ def report(
       orch report plans/demo.yaml
       orch report plans/demo.yaml -o demo-report --json
     """
-    from . import registry
-    from .report import write_report
+    from .report import kind_sections, write_report
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
 
-    def sections_of(kind: str, findings: Any) -> Any:
-        try:
-            cls = registry.resolve(kind)
-        except registry.UnknownKind:
-            return ()  # a kind not installed here: the board still shows its findings
-        return cls.report(findings) if hasattr(cls, "report") else ()
-
     try:
         page, figures = write_report(
-            store, out_dir or path.with_suffix(".report"), sections_of, run_id
+            store, out_dir or path.with_suffix(".report"), kind_sections, run_id
         )
     finally:
         store.close()
@@ -806,6 +759,220 @@ def report(
         from .terminal import plural
 
         click.echo(f"{page} ({plural(len(figures), 'figure')} beside it)")
+
+
+# --- todo / events / mcp --------------------------------------------------------------------
+
+
+@cli.group()
+def todo() -> None:
+    """Tasks added to a plan's store, beside the plan file's own.
+
+    An added task with a kind runs like a declared one (validated the same way, at the next
+    `orch run`); one with no kind is a todo that nothing runs: set its status by hand. Both
+    show on the board marked `+` and survive re-runs and plan edits until removed.
+
+    \b
+    Example:
+      orch todo add plans/demo.yaml check_disk --kind shell --param command='df -h .'
+      orch todo add plans/demo.yaml ask_vendor --title "Ask the vendor about ECC errors"
+      orch todo set plans/demo.yaml ask_vendor completed --note "replaced DIMM 3"
+    """
+
+
+@todo.command("add")
+@plan_argument
+@click.argument("task_id", metavar="ID")
+@store_option
+@click.option("--title", help="What the board shows (default: the id).")
+@click.option("--kind", help="The task kind (see docs/kinds.md); none: a todo kept by hand.")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE", help="A param (YAML).")
+@click.option("--needs", multiple=True, metavar="ID", help="A task it needs. Repeatable.")
+@click.option("--priority", type=click.Choice(["high", "medium", "low"]), default="medium")
+@click.option(
+    "--yaml", "extra", metavar="MAPPING", help="Other fields as YAML: '{timeout: 10m, when: ...}'."
+)
+@vars_options
+def todo_add(
+    plan_file: Path,
+    task_id: str,
+    store_opt: str | None,
+    title: str | None,
+    kind: str | None,
+    params: tuple[str, ...],
+    needs: tuple[str, ...],
+    priority: str,
+    extra: str | None,
+    var_args: tuple[str, ...],
+) -> None:
+    """Add task ID to PLAN's store."""
+    from . import todos
+    from .plan import parse_var
+
+    definition: dict[str, Any] = {"id": task_id, "priority": priority}
+    if extra:
+        import yaml
+
+        more = yaml.safe_load(extra)
+        if not isinstance(more, dict):
+            raise UsageError("--yaml: write a mapping of task fields")
+        definition.update(more)
+    if title:
+        definition["title"] = title
+    if kind:
+        definition["kind"] = kind
+    if needs:
+        definition["needs"] = list(needs)
+    if params:
+        try:
+            definition["params"] = dict(parse_var(p) for p in params)
+        except ValueError as exc:
+            raise UsageError(f"--param: {exc}") from None
+    plan = _load(plan_file, var_args)
+    store = _open_for_todo(_store_path(store_opt, plan))
+    try:
+        todos.add(plan, store, definition, "person")
+    finally:
+        store.close()
+    what = (
+        f"a {definition['kind']} task: `orch run` runs it"
+        if kind or "kind" in definition
+        else ("a todo: set its status with `orch todo set`")
+    )
+    click.echo(f"added {task_id} ({what})")
+
+
+@todo.command("set")
+@plan_argument
+@click.argument("task_id", metavar="ID")
+@click.argument("status_word", metavar="STATUS")
+@store_option
+@click.option("--note", help="Why (shown as the reason).")
+def todo_set(
+    plan_file: Path, task_id: str, status_word: str, store_opt: str | None, note: str | None
+) -> None:
+    """Set the status of todo ID (one with no kind): pending, in_progress, completed,
+    cancelled, failed, blocked."""
+    from . import todos
+
+    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    try:
+        store.set_todo(task_id, todos.status_of(status_word), note, "person")
+    finally:
+        store.close()
+    click.echo(f"{task_id}: {status_word}")
+
+
+@todo.command("rm")
+@plan_argument
+@click.argument("task_id", metavar="ID")
+@store_option
+def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
+    """Remove added task ID from the board (its history stays in the store)."""
+    from .todos import remove
+
+    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    try:
+        remove(store, task_id, "person")
+    finally:
+        store.close()
+    click.echo(f"removed {task_id}")
+
+
+@todo.command("note")
+@plan_argument
+@click.argument("task_id", metavar="ID")
+@click.argument("text", required=False)
+@store_option
+@click.option("--finding", metavar="KEY=VALUE", help="Record a finding (value read as YAML).")
+@click.option("--unit", help="The finding's unit.")
+def todo_note(
+    plan_file: Path,
+    task_id: str,
+    text: str | None,
+    store_opt: str | None,
+    finding: str | None,
+    unit: str | None,
+) -> None:
+    """Record a note (TEXT) or a finding on any task, as a person.
+
+    \b
+    Example:
+      orch todo note plans/demo.yaml checksum "the disk was nearly full"
+      orch todo note plans/demo.yaml checksum --finding disk_free=3.2 --unit GiB
+    """
+    from . import todos
+    from .plan import parse_var
+
+    key = value = None
+    if finding is not None:
+        try:
+            key, value = parse_var(finding)
+        except ValueError as exc:
+            raise UsageError(f"--finding: {exc}") from None
+    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    try:
+        todos.note(store, task_id, "person", text, key, value, unit)
+    finally:
+        store.close()
+    click.echo(f"noted on {task_id}")
+
+
+def _open_for_todo(path: Path) -> Store:
+    from .store import Store
+
+    return Store.open(path, create=True)
+
+
+@cli.command()
+@click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
+@store_option
+@click.option("--follow", "-f", is_flag=True, help="Keep printing events as they happen.")
+@click.option(
+    "--lines", "-n", type=int, default=None, help="Only the last N events so far (default: all)."
+)
+@json_option
+def events(
+    plan_file: Path | None, store_opt: str | None, follow: bool, lines: int | None, as_json: bool
+) -> None:
+    """Every status transition, finding and run of the store, oldest first; with --follow,
+    each new one as it happens, from whichever process records it (Ctrl-C stops).
+
+    \b
+    Example:
+      orch events plans/demo.yaml --follow
+      orch events plans/demo.yaml --follow --json -n 0    # the feed a dashboard reads
+    """
+    from .events import follow as feed
+    from .events import format_event
+
+    path = _store_path(store_opt, None, plan_file)
+    try:
+        for e in feed(path, lines, follow):
+            click.echo(json.dumps(e) if as_json else format_event(e))
+    except KeyboardInterrupt:
+        return
+
+
+@cli.command()
+@click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
+@store_option
+@vars_options
+def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]) -> None:
+    """Serve PLAN's store to an agent: a Model Context Protocol server on stdin/stdout.
+
+    Tools: the board, one task, run, todowrite, add/set/remove a task, record a finding or
+    note, validate a plan text; resources: the board, each task's log and report. See
+    docs/agent.md for the tools and a session.
+
+    \b
+    Example (an MCP client's configuration):
+      {"command": "orch", "args": ["mcp", "plans/demo.yaml"]}
+    """
+    from .mcpserver import serve
+
+    plan = _load(plan_file, var_args) if plan_file else None
+    serve(plan, _store_path(store_opt, plan), plan_file, var_args)
 
 
 # --- shared ----------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .errors import TemplateError
-from .plan import Plan, PlannedCheck, PlannedTask
+from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .selection import Action, Selection, decide
 from .status import Status
 from .store import Store
@@ -30,11 +30,30 @@ def dry_run(
     from_task: str | None = None,
     only: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """One step per task, in run order, assuming every task that would run completes."""
+    """One step per task, in run order, assuming every task that would run completes; then
+    the store's todos with no kind, which nothing runs. Each step names its origin (`plan`,
+    or who added it)."""
     from .executor import from_folder
+    from .todos import added_tasks
 
+    if store is not None:
+        plan = with_added(plan, added_tasks(store))
     with from_folder(plan.file.absolute().parent):
-        return _steps(plan, store, Selection.of(plan, rerun, from_task, only))
+        steps = _steps(plan, store, Selection.of(plan, rerun, from_task, only))
+    for step in steps:
+        step["origin"] = plan.added.get(step["id"], "plan")
+    for r in store.added() if store else []:
+        if r["kind"] is None:
+            steps.append(
+                {
+                    "id": r["id"],
+                    "action": "todo",
+                    "reason": f"{r['status']}: a todo with no kind, kept by hand",
+                    "changed": [],
+                    "origin": r["origin"],
+                }
+            )
+    return steps
 
 
 def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[str, Any]]:

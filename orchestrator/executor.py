@@ -34,7 +34,7 @@ from .findings import Finding, checked
 from .finished import DIGEST_KEY
 from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
-from .plan import Plan, PlannedCheck, PlannedTask
+from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .process import INTERRUPTS, tail
 from .resources import release_all
 from .selection import Action, Selection, decide
@@ -42,6 +42,7 @@ from .status import Status
 from .store import Store, TodoSpec, runs_dir
 from .task import Context
 from .templating import Ref, bash_params, evaluate_when, resolve
+from .todos import added_tasks
 
 PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20
@@ -69,8 +70,13 @@ class RunResult:
 def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     """Run `plan` against the store at `store_path`; the whole life of one `orch run`."""
     store_path = store_path.absolute()  # tasks run from the plan's folder (from_folder)
-    selection = Selection.of(plan, options.rerun, options.from_task, options.only)
     store = Store.open(store_path)
+    try:  # the tasks an agent or `orch todo add` put in the store run like declared ones
+        plan = with_added(plan, added_tasks(store))
+        selection = Selection.of(plan, options.rerun, options.from_task, options.only)
+    except BaseException:
+        store.close()
+        raise
     lock = RunLock(store_path)
     events = None
     try:

@@ -24,6 +24,7 @@ class Finding:
     value: FindingValue
     unit: str | None = None
     note: str | None = None
+    author: str | None = None  # None: the task's own attempt; else who noted it (agent, person)
 
 
 def parse_finding_line(line: str) -> Finding | None:
@@ -128,7 +129,7 @@ def checked(finding: Finding) -> Finding:
         return finding
     if isinstance(value, float) and math.isfinite(value):
         return finding
-    return Finding(finding.key, str(value), finding.unit, finding.note)
+    return Finding(finding.key, str(value), finding.unit, finding.note, finding.author)
 
 
 _NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")

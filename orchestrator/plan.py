@@ -12,6 +12,7 @@ import heapq
 import json
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -23,7 +24,7 @@ from .errors import PlanError, PlanIssue, Suggester, did_you_mean
 from .redact import MASK
 from .task import Duration, as_list
 from .templating import Ref, compile_when, iter_refs
-from .yamlsource import Located, Path_, check_bounds, load_yaml
+from .yamlsource import Located, Path_, check_bounds, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
 # Tighter than yamlsource's per-value limit: ids and names become file names, log names and
@@ -113,6 +114,15 @@ class PlannedTask:
         return self.spec.title or self.spec.id
 
 
+@dataclass(frozen=True)
+class AddedTask:
+    """A task its store holds that no plan file declares (an agent's, `orch todo add`'s):
+    its mapping as a plan's `tasks:` entry would hold it, validated with the plan's."""
+
+    definition: dict[str, Any]
+    origin: str  # agent | person
+
+
 @dataclass
 class Plan:
     name: str
@@ -121,7 +131,10 @@ class Plan:
     vars: dict[str, Any]
     tasks: list[PlannedTask]  # in dependency order; ties keep the file's order
     secrets: frozenset[str] = frozenset()  # vars whose values are masked as *** (redact.py)
-    by_id: dict[str, PlannedTask] = field(default_factory=dict)
+    overrides: dict[str, Any] = field(default_factory=dict)  # the --var values it was loaded with
+    added: dict[str, str] = field(
+        default_factory=dict
+    )  # added task id -> origin    by_id: dict[str, PlannedTask] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -143,15 +156,56 @@ class Plan:
         return [t.id for t in self.tasks if t.id in seen]
 
 
-def load_plan(path: Path, var_overrides: dict[str, Any] | None = None) -> Plan:
-    """Load and validate a plan; PlanError lists every problem found. A `module:Class` kind
-    is imported from the plan's folder first."""
+def load_plan(
+    path: Path,
+    var_overrides: dict[str, Any] | None = None,
+    added: Sequence[AddedTask] = (),
+    text: str | None = None,
+) -> Plan:
+    """Load and validate a plan (the file, or `text` as if it were that file) with the tasks
+    `added` to its store after the declared ones; PlanError lists every problem found. A
+    `module:Class` kind is imported from the plan's folder first."""
     with registry.search(path.absolute().parent):
-        return _load_plan(path, var_overrides)
+        return _load_plan(path, var_overrides, added, text)
 
 
-def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
-    src = load_yaml(path)
+def with_added(plan: Plan, added: Sequence[AddedTask]) -> Plan:
+    """The plan with the tasks added to its store: reloaded, so they are validated exactly
+    as declared ones are (kinds, params, needs, refs); the same plan when there are none."""
+    return load_plan(plan.file, plan.overrides, added) if added else plan
+
+
+class _WithAdded(Located):
+    """The plan's source, where the `tasks:` entries past the file's own are added tasks:
+    their problems name the task and who added it, not a line of the file."""
+
+    def __init__(self, src: Located, declared: int, added: Sequence[AddedTask]) -> None:
+        super().__init__(src.data, src.file, src.lines)
+        self.declared, self.added_tasks = declared, added
+
+    def _added_at(self, path: Path_) -> AddedTask | None:
+        at = path[1] if len(path) > 1 and path[0] == "tasks" else None
+        if isinstance(at, int) and at >= self.declared:
+            return self.added_tasks[at - self.declared]
+        return None
+
+    def line(self, path: Path_) -> int | None:
+        return None if self._added_at(path) else super().line(path)
+
+    def issue(self, path: Path_, message: str) -> PlanIssue:
+        task = self._added_at(path)
+        if task is None:
+            return super().issue(path, message)
+        return PlanIssue(f"added by {task.origin}", None, message)  # the message names it
+
+
+def _load_plan(
+    path: Path,
+    var_overrides: dict[str, Any] | None,
+    added: Sequence[AddedTask] = (),
+    text: str | None = None,
+) -> Plan:
+    src = load_yaml(path) if text is None else parse_yaml(text, str(path))
     issues: list[PlanIssue] = []
     suggest = Suggester()  # one budget for the whole plan: did-you-mean stays linear
     if not isinstance(src.data, dict):
@@ -167,6 +221,9 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
     raw_tasks = header.tasks if header else src.data.get("tasks")
     if not isinstance(raw_vars, dict) or not isinstance(raw_tasks, list) or not raw_tasks:
         raise PlanError(issues)
+    if added:
+        src = _WithAdded(src, len(raw_tasks), added)
+        raw_tasks = [*raw_tasks, *(a.definition for a in added)]
     variables, secrets = _declared_vars(src, raw_vars, issues)
     for key, value in (var_overrides or {}).items():
         if key not in variables:
@@ -219,7 +276,16 @@ def _load_plan(path: Path, var_overrides: dict[str, Any] | None) -> Plan:
     ordered = _dependency_order(list(planned.values()), raw_ids)
     for position, t in enumerate(ordered):
         t.position = position
-    return Plan(header.name, header.description, path, variables, ordered, secrets)
+    return Plan(
+        header.name,
+        header.description,
+        path,
+        variables,
+        ordered,
+        secrets,
+        overrides=dict(var_overrides or {}),
+        added={str(a.definition["id"]): a.origin for a in added},
+    )
 
 
 _DECLARATION = {"env", "default", "secret"}

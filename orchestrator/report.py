@@ -57,6 +57,17 @@ class Section:
     notes: Sequence[str] = field(default_factory=tuple)  # one line each, above the figures
 
 
+def kind_sections(kind: str, findings: Mapping[str, Finding]) -> Sequence[Section]:
+    """What a task's kind adds to the report from its findings (`Task.report`)."""
+    from . import registry
+
+    try:
+        cls = registry.resolve(kind)
+    except registry.UnknownKind:
+        return ()  # a kind not installed here: the board still shows its findings
+    return cls.report(findings) if hasattr(cls, "report") else ()
+
+
 def pyplot() -> Any:
     """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
     import matplotlib

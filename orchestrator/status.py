@@ -35,6 +35,9 @@ ALLOWED: dict[Status, frozenset[Status]] = {
     Status.IN_PROGRESS: frozenset({Status.COMPLETED, Status.FAILED, Status.INTERRUPTED}),
 }
 
+# A todo with no kind runs nothing: whoever keeps it (an agent, a person) moves it anywhere.
+MANUAL: dict[Status, frozenset[Status]] = {s: frozenset(Status) for s in Status}
+
 # The statuses of the todowrite tool's schema (opencode / Claude Code todo lists).
 TODOWRITE: dict[Status, str] = {
     Status.PENDING: "pending",

@@ -35,12 +35,12 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
-from .errors import StoreError
+from .errors import StoreError, UsageError, did_you_mean
 from .findings import Finding, FindingValue
 from .redact import mask, mask_value
-from .status import ALLOWED, Status
+from .status import ALLOWED, MANUAL, Status
 
-SCHEMA_VERSION = 2  # 2: resources
+SCHEMA_VERSION = 3  # 2: resources; 3: tasks added at run time (origin, definition), authors
 BUSY_TIMEOUT_MS = 10_000
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -77,7 +77,9 @@ COLUMNS: dict[str, dict[str, type]] = {
         "priority": str,
         "kind": str,
         "needs": str,
-        "in_plan": int,
+        "in_plan": int,  # 0: gone from the plan, or an added task removed (kept for history)
+        "origin": str,  # who declared it: plan (the plan file), agent, person (orch todo)
+        "definition": str,  # an added task's mapping (JSON), as a plan file would hold it
         "status": str,
         "reason": str,
         "attempts": int,
@@ -114,6 +116,7 @@ COLUMNS: dict[str, dict[str, type]] = {
         "note": str,
         "at": float,
         "run_id": int,
+        "author": str,  # None: the task's own attempt; else who recorded it (agent, person)
     },
     "resources": {
         # data: JSON the holding kind needs to end it (pid, unit, log path ...).
@@ -134,13 +137,16 @@ _TABLE_OPTIONS: dict[str, dict[str, Any]] = {
     "todos": {
         "pk": "id",
         "not_null": {"status", "title"},
-        "defaults": {"attempts": 0, "in_plan": 1},
+        "defaults": {"attempts": 0, "in_plan": 1, "origin": "plan"},
     },
     "transitions": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "findings": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "resources": {"pk": "name"},
 }
 _SINCE = {"resources": 2}  # tables added by a later schema version
+# Columns added to an existing table by a later schema version: (table, column) -> version.
+_COLUMNS_SINCE = {("todos", "origin"): 3, ("todos", "definition"): 3, ("findings", "author"): 3}
+PLAN_ORIGIN = "plan"
 
 
 @dataclass(frozen=True)
@@ -377,10 +383,11 @@ class Store:
             if version < _SINCE.get(table, 1):
                 continue
             have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
-            if not have >= columns.keys():
+            wanted = {c for c in columns if version >= _COLUMNS_SINCE.get((table, c), 1)}
+            if not have >= wanted:
                 raise StoreError(
                     f"{self.path} is damaged (table {table} lacks "
-                    f"{', '.join(sorted(columns.keys() - have))}): {_RESTORE}"
+                    f"{', '.join(sorted(wanted - have))}): {_RESTORE}"
                 )
         statuses = ", ".join(f"'{s}'" for s in Status)
         bad = self.conn.execute(
@@ -419,6 +426,13 @@ class Store:
         with self._tx():
             for table, columns in COLUMNS.items():
                 db.table(table).create(columns, if_not_exists=True, **_TABLE_OPTIONS[table])
+            for (table, column), _ in _COLUMNS_SINCE.items():  # upgrading an older store
+                have = {r[1] for r in self.conn.execute(f"PRAGMA table_info({table})")}
+                if column not in have:
+                    default = _TABLE_OPTIONS[table].get("defaults", {}).get(column)
+                    db.table(table).add_column(
+                        column, COLUMNS[table][column], not_null_default=default
+                    )
             db.table("transitions").create_index(["task_id", "seq"], if_not_exists=True)
             db.table("findings").create_index(["task_id", "attempt"], if_not_exists=True)
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
@@ -468,7 +482,8 @@ class Store:
     def all_done(self) -> bool:
         """Every task of the plan completed or skipped, and no run open."""
         row = self.conn.execute(
-            "SELECT count(*), sum(status IN ('completed', 'skipped')) FROM todos WHERE in_plan=1"
+            "SELECT count(*), sum(status IN ('completed', 'skipped')) FROM todos"
+            " WHERE in_plan=1 AND kind IS NOT NULL"  # a todo with no kind runs nothing
         ).fetchone()
         return bool(row[0]) and row[0] == row[1] and not self.open_runs()
 
@@ -508,7 +523,11 @@ class Store:
                     (s.id, now, run_id),
                 )
             gone = [task_id for task_id, row in current.items() if row[-1]]
-            c.executemany("UPDATE todos SET in_plan=0 WHERE id=?", [(g,) for g in gone])
+            # Only the plan file's own tasks leave with it: added ones stay until removed.
+            c.executemany(
+                f"UPDATE todos SET in_plan=0 WHERE id=? AND origin='{PLAN_ORIGIN}'",
+                [(g,) for g in gone],
+            )
 
     # --- runs ----------------------------------------------------------------------------------
 
@@ -576,7 +595,8 @@ class Store:
         with self._tx() as c:
             rows = c.execute(
                 "SELECT t.id, t.run_id FROM todos t LEFT JOIN runs r ON r.id = t.run_id"
-                " WHERE t.status='in_progress' AND (r.ended_at IS NOT NULL OR r.id IS NULL)"
+                " WHERE t.status='in_progress' AND t.kind IS NOT NULL"
+                " AND (r.ended_at IS NOT NULL OR r.id IS NULL)"
             ).fetchall()
             for task_id, run_id in rows:
                 self._transition(
@@ -639,13 +659,14 @@ class Store:
         reason: str | None,
         run_id: int | None,
         now: float,
+        manual: bool = False,
         **fields: Any,
     ) -> int:
         row = c.execute("SELECT status, attempts FROM todos WHERE id=?", (task_id,)).fetchone()
         if row is None:
             raise StoreError(f"unknown task {task_id!r} in {self.path}")
         current = Status(row[0])
-        if to not in ALLOWED[current]:
+        if to not in (MANUAL if manual else ALLOWED)[current]:
             raise StoreError(f"task {task_id!r}: {current} -> {to} is not a valid transition")
         attempt = int(row[1]) + (1 if to is Status.IN_PROGRESS else 0)
         values = {
@@ -691,6 +712,164 @@ class Store:
                     )
                     done.append(task_id)
         return done
+
+    # --- tasks added at run time (orchestrator/todos.py) ---------------------------------------
+
+    def add_todo(self, spec: TodoSpec, origin: str, definition: str | None) -> None:
+        """Put a task no plan file declares on the board, pending (one transaction, logged):
+        a new row, or one removed earlier brought back. Refused if the id is on the board:
+        checked inside the transaction, so two clients adding it at once cannot both win."""
+        now = time.time()
+        with self._tx() as c:
+            row = c.execute("SELECT in_plan, status FROM todos WHERE id=?", (spec.id,)).fetchone()
+            if row is not None and row[0]:
+                raise UsageError(f"task {spec.id!r} is already on the board")
+            # A todo with no kind goes after what is on the board now; a task the plan's
+            # loader placed (spec.position) keeps that place.
+            position = spec.position
+            if not spec.kind:
+                position = int(
+                    c.execute("SELECT coalesce(max(position), -1) + 1 FROM todos").fetchone()[0]
+                )
+            fields = {
+                "position": position,
+                "title": spec.title,
+                "priority": spec.priority,
+                "kind": spec.kind or None,
+                "needs": json.dumps(list(spec.needs)),
+                "spec_hash": spec.spec_hash,
+                "spec": spec.spec,
+                "origin": origin,
+                "definition": definition,
+                "in_plan": 1,
+                "updated_at": now,
+            }
+            if row is None:
+                c.execute(
+                    f"INSERT INTO todos({', '.join(fields)}, id, status, attempts)"
+                    f" VALUES ({', '.join('?' * len(fields))}, ?, 'pending', 0)",
+                    (*fields.values(), spec.id),
+                )
+                self._log_change(c, spec.id, None, Status.PENDING, f"added by {origin}", now)
+            else:
+                assignments = ", ".join(f"{k}=?" for k in fields)
+                c.execute(f"UPDATE todos SET {assignments} WHERE id=?", (*fields.values(), spec.id))
+                self._transition(
+                    c,
+                    spec.id,
+                    Status.PENDING,
+                    f"added again by {origin}",
+                    None,
+                    now,
+                    manual=True,
+                    last_error=None,
+                    output_tail=None,
+                    started_at=None,
+                    ended_at=None,
+                )
+
+    def remove_todo(self, task_id: str, by: str) -> None:
+        """Take an added task off the board (its row and history stay, hidden); a task the
+        plan file declares, one running, or one that a task on the board needs is refused."""
+        with self._tx() as c:
+            row = self._visible(c, task_id)
+            if row["origin"] == PLAN_ORIGIN:
+                raise UsageError(f"task {task_id!r} is declared in the plan file: remove it there")
+            if row["kind"] is not None and row["status"] == Status.IN_PROGRESS:
+                raise UsageError(f"task {task_id!r} is running: wait for it, or stop the run")
+            needed_by = [
+                r[0]
+                for r in c.execute(
+                    "SELECT id, needs FROM todos WHERE in_plan=1 AND id != ?", (task_id,)
+                )
+                if task_id in json.loads(r[1] or "[]")
+            ]
+            if needed_by:
+                raise UsageError(
+                    f"task {task_id!r} is needed by {', '.join(needed_by)}: remove those first"
+                )
+            c.execute("UPDATE todos SET in_plan=0, updated_at=? WHERE id=?", (time.time(), task_id))
+            self._log_change(
+                c, task_id, row["status"], row["status"], f"removed by {by}", time.time()
+            )
+
+    def set_todo(self, task_id: str, to: Status, reason: str | None, by: str) -> None:
+        """Set the status of a todo with no kind (nothing runs it: whoever keeps it does)."""
+        now = time.time()
+        with self._tx() as c:
+            row = self._visible(c, task_id)
+            if row["kind"] is not None:
+                raise UsageError(
+                    f"task {task_id!r} has a kind: its status is what its runs make it "
+                    "(run it, or `orch forget` it to make it pending)"
+                )
+            times: dict[str, Any] = {}
+            if to is Status.IN_PROGRESS:
+                times = {"started_at": now, "ended_at": None}
+            elif to is not Status.PENDING:
+                times = {"ended_at": now}
+            self._transition(
+                c,
+                task_id,
+                to,
+                mask_value(reason) or f"set by {by}",
+                None,
+                now,
+                manual=True,
+                **times,
+            )
+
+    def note(self, task_id: str, finding: Finding, author: str) -> None:
+        """Record a finding or a note on a task from outside its runs, with its author; it
+        belongs to the task's latest attempt (a re-run starts a fresh set)."""
+        with self._tx() as c:
+            row = self._visible(c, task_id)
+            c.execute(
+                "INSERT INTO findings(task_id, attempt, key, value, unit, note, at, run_id, author)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, NULL, ?)",
+                (
+                    task_id,
+                    row["attempts"],
+                    finding.key,
+                    mask_value(_encode(finding.value)),
+                    finding.unit,
+                    mask_value(finding.note),
+                    time.time(),
+                    author,
+                ),
+            )
+
+    def added(self) -> list[sqlite3.Row]:
+        """The tasks on the board that no plan file declares, in board order."""
+        return self.conn.execute(
+            f"SELECT * FROM todos WHERE in_plan=1 AND origin != '{PLAN_ORIGIN}'"
+            " ORDER BY position, rowid"
+        ).fetchall()
+
+    def _visible(self, c: sqlite3.Connection, task_id: str) -> sqlite3.Row:
+        row: sqlite3.Row | None = c.execute(
+            "SELECT * FROM todos WHERE id=? AND in_plan=1", (task_id,)
+        ).fetchone()
+        if row is None:
+            ids = [r[0] for r in c.execute("SELECT id FROM todos WHERE in_plan=1")]
+            raise UsageError(f"no task {task_id!r} on the board{did_you_mean(task_id, ids)}")
+        return row
+
+    def _log_change(
+        self,
+        c: sqlite3.Connection,
+        task_id: str,
+        frm: Status | None,
+        to: Status,
+        why: str,
+        now: float,
+    ) -> None:
+        """A transitions row that is not a status change of a run (from == to: an edit)."""
+        c.execute(
+            "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id, attempt)"
+            " VALUES (?, ?, ?, ?, ?, NULL, (SELECT attempts FROM todos WHERE id=?))",
+            (task_id, None if frm is None else str(frm), str(to), now, why, task_id),
+        )
 
     def set_process(self, task_id: str, pgid: int | None, started_at: float | None) -> None:
         """Record the process group a task started, so a later run can end it if we die."""
@@ -740,7 +919,9 @@ class Store:
 
     def todos(self) -> list[sqlite3.Row]:
         """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown)."""
-        return self.conn.execute("SELECT * FROM todos WHERE in_plan=1 ORDER BY position").fetchall()
+        return self.conn.execute(
+            "SELECT * FROM todos WHERE in_plan=1 ORDER BY position, rowid"
+        ).fetchall()
 
     def todo(self, task_id: str) -> sqlite3.Row | None:
         row: sqlite3.Row | None = self.conn.execute(
@@ -753,11 +934,12 @@ class Store:
         for a pending task: one that was forgotten has no current findings)."""
         out: dict[str, list[Finding]] = {}
         for r in self.conn.execute(
-            "SELECT f.task_id, f.key, f.value, f.unit, f.note FROM findings f"
+            "SELECT f.task_id, f.key, f.value, f.unit, f.note, f.author FROM findings f"
             " JOIN todos t ON t.id = f.task_id AND f.attempt = t.attempts"
-            " WHERE t.status != 'pending' ORDER BY f.seq"  # a forgotten task has none now
+            # A forgotten task has none of its runs' now; notes written since are kept.
+            " WHERE t.status != 'pending' OR f.author IS NOT NULL ORDER BY f.seq"
         ):
-            out.setdefault(r[0], []).append(Finding(r[1], _decode(r[2]), r[3], r[4]))
+            out.setdefault(r[0], []).append(Finding(r[1], decode(r[2]), r[3], r[4], r[5]))
         return out
 
     def finding(self, task_id: str, key: str) -> Finding | None:
@@ -767,10 +949,31 @@ class Store:
             " AND f.attempt=t.attempts WHERE f.task_id=? AND f.key=? ORDER BY f.seq DESC LIMIT 1",
             (task_id, key),
         ).fetchone()
-        return None if r is None else Finding(r[0], _decode(r[1]), r[2], r[3])
+        return None if r is None else Finding(r[0], decode(r[1]), r[2], r[3])
 
     def runs(self, limit: int = 20) -> list[sqlite3.Row]:
         return self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+
+    def events_after(
+        self, transition_seq: int, finding_seq: int, limit: int = 1000
+    ) -> tuple[list[sqlite3.Row], list[sqlite3.Row]]:
+        """Transitions and findings recorded after these sequence numbers, oldest first: what
+        `orch events --follow` prints as it happens."""
+        transitions = self.conn.execute(
+            "SELECT * FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?", (transition_seq, limit)
+        ).fetchall()
+        findings = self.conn.execute(
+            "SELECT * FROM findings WHERE seq > ? ORDER BY seq LIMIT ?", (finding_seq, limit)
+        ).fetchall()
+        return transitions, findings
+
+    def runs_after(self, run_id: int, open_ids: set[int]) -> list[sqlite3.Row]:
+        """Runs begun after `run_id`, and those of `open_ids` (to see them end), by id."""
+        marks = ", ".join("?" * len(open_ids))
+        return self.conn.execute(
+            f"SELECT * FROM runs WHERE id > ? OR id IN ({marks}) ORDER BY id",
+            (run_id, *open_ids),
+        ).fetchall()
 
     def transitions(self, task_id: str | None = None, limit: int = 200) -> list[sqlite3.Row]:
         where, args = ("WHERE task_id=?", (task_id,)) if task_id else ("", ())
@@ -791,5 +994,5 @@ def _encode(value: FindingValue) -> FindingValue:
     return ("true" if value else "false") if isinstance(value, bool) else value
 
 
-def _decode(value: FindingValue) -> FindingValue:
+def decode(value: FindingValue) -> FindingValue:
     return {"true": True, "false": False}.get(value, value) if isinstance(value, str) else value

@@ -58,16 +58,14 @@ def load_yaml(path: Path) -> Located:
     except UnicodeDecodeError:
         raise PlanError([PlanIssue(file, None, "the plan is not UTF-8 text")]) from None
     if len(raw) > MAX_PLAN_BYTES:
-        raise PlanError(
-            [
-                PlanIssue(
-                    file,
-                    None,
-                    f"the plan is larger than {MAX_PLAN_BYTES >> 20} MiB"
-                    "; a plan is hand-written text, put data in files it names",
-                )
-            ]
-        )
+        raise _too_large(file)
+    return parse_yaml(text, file)
+
+
+def parse_yaml(text: str, file: str) -> Located:
+    """Parse plan text (bounded first); `file` names it in errors."""
+    if len(text.encode()) > MAX_PLAN_BYTES:
+        raise _too_large(file)
     try:
         check_bounds(text, file)
         node = yaml.compose(text, Loader=_Loader)
@@ -100,6 +98,19 @@ def load_yaml(path: Path) -> Located:
     except (TypeError, ValueError, RecursionError) as exc:  # `? [a, b]`, a self-referring alias
         raise PlanError([PlanIssue(file, None, f"unsupported YAML: {exc}")]) from None
     return located
+
+
+def _too_large(file: str) -> PlanError:
+    return PlanError(
+        [
+            PlanIssue(
+                file,
+                None,
+                f"the plan is larger than {MAX_PLAN_BYTES >> 20} MiB"
+                "; a plan is hand-written text, put data in files it names",
+            )
+        ]
+    )
 
 
 def check_bounds(text: str, file: str) -> None:

@@ -1,0 +1,96 @@
+"""One consistent look at a store: its tasks, findings, latest run and what is stale.
+
+What `orch status`, `--watch` and the MCP server's board show. Taking it closes the runs
+whose orchestrator died (when no live run holds the lock), so a board never shows a dead
+run's task as running.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .board import status_json
+from .errors import OrchError
+from .findings import Finding
+from .store import Store
+
+if TYPE_CHECKING:
+    from .plan import Plan
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    name: str
+    path: Path
+    rows: Sequence[sqlite3.Row]
+    findings: Mapping[str, list[Finding]]
+    run: sqlite3.Row | None
+    stale: Mapping[str, Sequence[str]] | None
+
+    @property
+    def going(self) -> bool:
+        """A run is going now."""
+        return self.run is not None and self.run["ended_at"] is None
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented `orch status --json` object."""
+        return status_json(
+            self.name, str(self.path), self.rows, self.findings, self.run, self.stale
+        )
+
+
+def take(
+    path: Path,
+    plan: Plan | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+    warn: Callable[[str], None] = lambda _: None,
+) -> Snapshot:
+    """The store at `path` now; with `plan` (and no `stale` given), what is stale."""
+    store = Store.open(path, create=False)
+    try:
+        close_dead_runs_if_free(store, warn)
+        rows, findings = store.todos(), store.findings()
+        runs = store.runs(1)
+        name = store.plan_name() or (plan.name if plan else path.stem)
+        if stale is None and plan is not None:
+            from .plan import with_added
+            from .todos import added_tasks
+
+            stale = stale_of(with_added(plan, added_tasks(store)), rows)
+    finally:
+        store.close()
+    return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
+
+
+def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
+    """If no run holds the lock, record the open runs that are dead, and their tasks."""
+    if store.readonly or not store.open_runs():
+        return  # a read-only store is shown as it is: a dead run stays open in it
+    from .liveness import close_dead_runs
+    from .lock import RunLock
+
+    if RunLock(store.path).try_probe():
+        try:
+            close_dead_runs(store, holding_lock=False)
+        except OrchError as exc:  # a full disk, say: the board is still worth showing
+            warn(f"could not record the dead run ({exc})")
+
+
+def stale_of(plan: Plan, rows: Sequence[sqlite3.Row]) -> dict[str, Any]:
+    """The completed tasks whose spec changed since they ran: id -> what changed."""
+    from .selection import Action, Selection, decide
+    from .status import Status
+
+    statuses = {r["id"]: Status(r["status"]) for r in rows}
+    by_id = {r["id"]: r for r in rows}
+    selection = Selection.of(plan)
+    stale = {}
+    for task in plan.tasks:
+        d = decide(task, by_id.get(task.id), selection, statuses)
+        if d.action is Action.KEEP and d.stale:
+            stale[task.id] = d.stale
+    return stale
