@@ -107,7 +107,7 @@ def render_board(
     stale = stale or {}
     lines = [paint(_headline(plan_name, store_path, run), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
-    title_w = min(max((len(r["title"]) for r in rows), default=5), 36)
+    title_w = min(max((len(r["title"]) + 2 * added(r) for r in rows), default=5), 36)
     for r in rows:
         status = Status(r["status"])
         mark, code = MARKS[status]
@@ -119,8 +119,8 @@ def render_board(
             extra = "stale: " + "; ".join(stale[r["id"]])
         elif status in (Status.COMPLETED, Status.IN_PROGRESS):
             extra = summarize(findings.get(r["id"], [])) or (r["reason"] if not r["kind"] else "")
-        else:
-            extra = r["reason"] or ""
+        else:  # why it is not done; else what someone noted on it
+            extra = r["reason"] or summarize(findings.get(r["id"], []))
         title = f"+ {r['title']}" if added(r) else r["title"]
         head = (
             f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "

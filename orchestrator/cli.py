@@ -936,12 +936,13 @@ def events(
     plan_file: Path | None, store_opt: str | None, follow: bool, lines: int | None, as_json: bool
 ) -> None:
     """Every status transition, finding and run of the store, oldest first; with --follow,
-    each new one as it happens, from whichever process records it (Ctrl-C stops).
+    each new one as it happens, from whichever process records it (Ctrl-C stops). With
+    `--follow --json -n 0`: the feed of what happens from now on, one JSON object a line.
 
     \b
     Example:
-      orch events plans/demo.yaml --follow
-      orch events plans/demo.yaml --follow --json -n 0    # the feed a dashboard reads
+      orch events plans/demo.yaml -n 20
+      orch events plans/demo.yaml --json -n 3
     """
     from .events import follow as feed
     from .events import format_event

@@ -39,7 +39,7 @@ from .process import INTERRUPTS, tail
 from .resources import release_all
 from .selection import Action, Selection, decide
 from .status import Status
-from .store import Store, TodoSpec, runs_dir
+from .store import PLAN_ORIGIN, Store, TodoSpec, runs_dir
 from .task import Context
 from .templating import Ref, bash_params, evaluate_when, resolve
 from .todos import added_tasks
@@ -130,6 +130,7 @@ def _todo_specs(plan: Plan) -> list[TodoSpec]:
             t.spec.needs,
             t.spec_hash,
             t.spec_json,
+            plan.added.get(t.id, PLAN_ORIGIN),
         )
         for t in plan.tasks
     ]

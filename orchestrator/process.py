@@ -85,22 +85,29 @@ def run_process(
     full_env = {**os.environ, **(env or {})}
     box = jail((jail_by, full_env[jail_by])) if jail_by in full_env else None
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("ab") as log:
-        log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
-        log.flush()  # before the child writes to the same file
-        offset = log.tell()
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            box.wrap(argv) if box else list(argv),
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=full_env,
-            cwd=cwd,
-            start_new_session=True,  # own session => own process group, no terminal SIGINT
-            preexec_fn=box.prepare() if box else None,
-            umask=user_umask(),
-        )
+    # A Ctrl-C or SIGTERM that lands while the child is being forked, before `proc` is known
+    # to the `try` below, would leave it running: they are held until that `try` is entered.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        with log_path.open("ab") as log:
+            log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
+            log.flush()  # before the child writes to the same file
+            offset = log.tell()
+            started = time.monotonic()
+            proc = subprocess.Popen(
+                box.wrap(argv) if box else list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,  # own session => own process group, no terminal SIGINT
+                preexec_fn=_child_setup(held, box.prepare() if box else None),
+                umask=user_umask(),
+            )
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
 
     def end() -> None:
         terminate_group(proc.pid, grace, proc)
@@ -109,6 +116,7 @@ def run_process(
 
     cap = LogCap(log_path, offset, log_limit) if log_limit is not None else None
     try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised here
         if on_start is not None:
             on_start(proc.pid, process_start_time(proc.pid) or 0.0)
         next_note = started + PROGRESS_EVERY
@@ -140,6 +148,20 @@ def run_process(
         if cap is not None:
             cap.check()
     return ProcessResult(proc.returncode, log_path, offset)
+
+
+def _child_setup(
+    mask_before: set[int | signal.Signals], then: Callable[[], None] | None
+) -> Callable[[], None]:
+    """What the child runs between fork and exec: the signal mask it would have had (a fork
+    inherits the parent's, held signals included), then the jail's own step."""
+
+    def setup() -> None:  # plain syscalls only
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
+        if then is not None:
+            then()
+
+    return setup
 
 
 class LogCap:

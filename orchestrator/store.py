@@ -161,6 +161,7 @@ class TodoSpec:
     needs: Sequence[str]
     spec_hash: str
     spec: str  # JSON of what the hash covers
+    origin: str = PLAN_ORIGIN  # or who added it (todos.py)
 
 
 @dataclass(frozen=True)
@@ -495,26 +496,28 @@ class Store:
         current = {
             r[0]: tuple(r[1:])
             for r in self.conn.execute(
-                "SELECT id, position, title, priority, kind, needs, in_plan FROM todos"
+                "SELECT id, position, title, priority, kind, needs, origin, in_plan FROM todos"
             )
         }
         with self._tx() as c:
             for s in specs:
-                fields = (s.position, s.title, s.priority, s.kind, json.dumps(list(s.needs)))
+                needs = json.dumps(list(s.needs))
+                fields = (s.position, s.title, s.priority, s.kind, needs, s.origin)
                 row = current.pop(s.id, None)
                 if row == (*fields, 1):
                     continue
-                if row is not None:
-                    c.execute(
+                if row is not None:  # a todo added by hand that the plan file now declares:
+                    c.execute(  # the file's (definition: only an added task has one)
                         "UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
-                        " in_plan=1 WHERE id=?",
-                        (*fields, s.id),
+                        " origin=?, in_plan=1, definition=CASE WHEN ?='plan' THEN NULL"
+                        " ELSE definition END WHERE id=?",
+                        (*fields, s.origin, s.id),
                     )
                     continue
                 c.execute(
-                    "INSERT INTO todos(position, title, priority, kind, needs, id, status,"
-                    " spec_hash, spec, updated_at, attempts, in_plan)"
-                    " VALUES (?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
+                    "INSERT INTO todos(position, title, priority, kind, needs, origin, id,"
+                    " status, spec_hash, spec, updated_at, attempts, in_plan)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
                     (*fields, s.id, s.spec_hash, s.spec, now),
                 )
                 c.execute(

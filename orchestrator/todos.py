@@ -69,6 +69,8 @@ def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) ->
     if len(task_id) > MAX_ID_CHARS:
         raise UsageError(f"a task's id is at most {MAX_ID_CHARS} characters")
     store.bind_plan(plan.name)
+    if task_id in plan.by_id:  # declared, perhaps not run yet (the store checks the rest)
+        raise UsageError(f"task {task_id!r} is already on the board (the plan file declares it)")
     if definition.get("kind") is None:
         definition.pop("kind", None)
         store.add_todo(_todo_spec(definition), origin, None)
@@ -78,15 +80,9 @@ def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) ->
     )
     t = extended.by_id[task_id]
     spec = TodoSpec(
-        t.id,
-        t.position,
-        t.title,
-        t.spec.priority,
-        t.spec.kind,
-        t.spec.needs,
-        t.spec_hash,
-        t.spec_json,
-    )
+        t.id, t.position, t.title, t.spec.priority, t.spec.kind, t.spec.needs, t.spec_hash,
+        t.spec_json, origin,
+    )  # fmt: skip
     store.add_todo(spec, origin, json.dumps(definition))
     return task_id
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import shlex
 import sqlite3
 import subprocess
 import sys
@@ -227,6 +228,8 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
         "orch plan",
         "orch run",
         "orch status",
+        "orch todo",
+        "orch events",
         "orch logs",
         "orch history",
         "orch report",
@@ -235,7 +238,7 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
     )
     examples.sort(key=lambda e: next(i for i, o in enumerate(order) if e.startswith(o)))
     for example in examples:
-        r = run_orch(*example.split()[1:], cwd=tmp_path, timeout=120)
+        r = run_orch(*shlex.split(example)[1:], cwd=tmp_path, timeout=120)
         assert r.returncode == 0, f"{example}: exit {r.returncode}\n{r.stderr[-2000:]}"
 
 
@@ -409,7 +412,6 @@ def doc_examples() -> list[tuple[str, list[str]]]:
     """(file, argv) of every `orch ...` command in a code block of README.md and docs/ (fences
     read line by line; a `\\` continuation joined; comments and `.venv/bin/` or `$ ` prefixes
     dropped; YAML blocks skipped)."""
-    import shlex
 
     root = Path(__file__).resolve().parent.parent
     found = []

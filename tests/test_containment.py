@@ -217,6 +217,28 @@ def test_no_spawn_record_window(pdir: PlanDir, mechanism: str) -> None:
     assert early >= 1, "no kill landed before the pgid was recorded: the window went untested"
 
 
+def test_no_spawn_interrupt_window(pdir: PlanDir) -> None:
+    """Ctrl-C orch the moment it has a child (while it forks and execs it, before it knows
+    the child's pid), five times: the interrupted run itself ends the child, every time."""
+    tag = f"interrupt-{os.getpid()}-{time.time_ns()}"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: a, kind: shell, params: {{env: {{TESTTAG: {tag}}}, command: "sleep 300"}}}}
+    """)
+    for _ in range(5):
+        proc = start_orch("run", plan)
+        end = time.monotonic() + 30
+        while not _children(proc.pid) and time.monotonic() < end:
+            pass  # no sleep: the signal must land within microseconds of the fork
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+        assert proc.returncode == 130
+        left = marked(("TESTTAG", tag))
+        terminate_pids(left, grace=1.0)
+        assert not left, f"the interrupted run left its task's process: {left}"
+
+
 def test_zombie_orch_is_judged_dead(pdir: PlanDir, escapees: list[int]) -> None:
     """orch SIGKILLed under a parent that does not reap it: `orch status` says interrupted."""
     plan = escape_plan(pdir, "sleep 300 & echo $! > P", "sleep 30")

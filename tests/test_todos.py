@@ -1,0 +1,249 @@
+"""A plan people and agents extend: `orch todo`, tasks added to the store, `orch events`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+from conftest import PlanDir, run_orch, start_orch, wait_for
+
+PLAN = """
+    name: t
+    tasks:
+      - {{id: a, title: "Step A", kind: shell, params: {{command: "echo a >> {root}/ran"}}}}
+      - {{id: b, kind: shell, needs: [a], params: {{command: "echo b >> {root}/ran"}}}}
+"""
+
+
+def ran(pdir: PlanDir) -> list[str]:
+    path = pdir.root / "ran"
+    return path.read_text().split() if path.exists() else []
+
+
+def test_an_added_task_runs_like_a_declared_one_and_survives_reruns_and_edits(
+    pdir: PlanDir,
+) -> None:
+    plan = pdir.write(PLAN.format(root=pdir.root))
+    assert run_orch("run", plan).returncode == 0
+    r = run_orch(
+        "todo", "add", plan, "c", "--kind", "shell", "--needs", "b", "--title", "Look again",
+        "--param", f"command=echo c >> {pdir.root}/ran; echo ::finding seen=3 unit=things",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert "orch run" in r.stdout
+    row = pdir.todo("c")
+    assert (row["origin"], row["status"], row["kind"]) == ("person", "pending", "shell")
+    # `orch plan` shows it with who added it; the finished plan is not finished any more.
+    shown = run_orch("plan", plan, "--json")
+    steps = {s["id"]: s for s in json.loads(shown.stdout)["steps"]}
+    assert steps["c"]["origin"] == "person" and steps["c"]["action"] == "run"
+    assert steps["a"]["origin"] == "plan" and steps["a"]["action"] == "skip"
+    assert run_orch("run", plan).returncode == 0
+    assert ran(pdir) == ["a", "b", "c"]  # only the added one ran
+    board = run_orch("status", plan).stdout
+    assert "+ Look again" in board and "seen=3 things" in board
+    assert "+ added by person, not in the plan file" in board
+    # A re-run of the finished plan runs nothing; an edit of the plan file keeps it.
+    assert run_orch("run", plan).returncode == 0
+    plan.write_text(plan.read_text() + "  - {id: d, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    assert ran(pdir) == ["a", "b", "c"]
+    assert pdir.statuses() == dict.fromkeys("abcd", "completed")
+    # todowrite marks it as added; the declared ones are not.
+    items = json.loads(run_orch("status", plan, "--format", "todowrite").stdout)["todos"]
+    assert [i.get("added_by") for i in items] == [None, None, None, "person"]
+    # Removing it takes it off the board, keeps its history, and it does not run again.
+    assert run_orch("todo", "rm", plan, "c").returncode == 0
+    board_ids = [t["id"] for t in json.loads(run_orch("status", plan, "--json").stdout)["tasks"]]
+    assert board_ids == ["a", "b", "d"]
+    assert run_orch("run", plan, "--from", "a").returncode == 0
+    assert ran(pdir) == ["a", "b", "c", "a", "b"]
+    with pdir.db() as db:
+        assert db.execute("SELECT count(*) FROM transitions WHERE task_id='c'").fetchone()[0] >= 4
+
+
+def test_an_added_task_is_validated_like_the_plans_own(pdir: PlanDir) -> None:
+    plan = pdir.write(PLAN.format(root=pdir.root))
+    r = run_orch("todo", "add", plan, "x", "--kind", "shel", "--needs", "nope")
+    assert r.returncode == 2
+    assert "unknown task kind 'shel' (did you mean 'shell'?)" in r.stderr
+    assert "needs unknown task 'nope'" in r.stderr and "Traceback" not in r.stderr
+    r = run_orch("todo", "add", plan, "y", "--kind", "shell", "--param", "commnd=true")
+    assert r.returncode == 2 and "unknown param 'commnd' (did you mean 'command'?)" in r.stderr
+    r = run_orch("todo", "add", plan, "a", "--title", "again")
+    assert r.returncode == 2 and "already on the board" in r.stderr  # a declared id, not run
+    # A plan edit that breaks an added task names it and who added it, and how to get out.
+    assert run_orch("todo", "add", plan, "z", "--kind", "shell", "--needs", "b",
+                    "--param", "command=exit 0").returncode == 0  # fmt: skip
+    plan.write_text(plan.read_text().replace("  - {id: b,", "  - {id: bb,").replace("[a]", "[a]"))
+    r = run_orch("run", plan)
+    assert r.returncode == 2, r.stderr
+    assert "added by person: task 'z' needs unknown task 'b'" in r.stderr
+    assert run_orch("todo", "rm", plan, "z").returncode == 0
+    assert run_orch("run", plan).returncode == 0
+
+
+def test_a_todo_with_no_kind_is_kept_by_hand(pdir: PlanDir) -> None:
+    plan = pdir.write(PLAN.format(root=pdir.root))
+    assert run_orch("todo", "add", plan, "ask", "--title", "Ask the vendor").returncode == 0
+    r = run_orch("todo", "set", plan, "ask", "in_progress")
+    assert r.returncode == 0, r.stderr
+    assert run_orch("run", plan).returncode == 0  # a todo neither runs nor blocks the run
+    assert pdir.statuses()["ask"] == "in_progress"
+    assert run_orch("todo", "set", plan, "ask", "cancelled", "--note", "not needed").returncode == 0
+    assert pdir.todo("ask")["status"] == "skipped" and pdir.todo("ask")["reason"] == "not needed"
+    assert run_orch("todo", "set", plan, "ask", "pending").returncode == 0  # anywhere, by hand
+    r = run_orch("todo", "set", plan, "a", "completed")
+    assert r.returncode == 2 and "has a kind" in r.stderr
+    r = run_orch("todo", "set", plan, "ask", "done")
+    assert r.returncode == 2 and "unknown status 'done'" in r.stderr
+    r = run_orch("todo", "rm", plan, "a")
+    assert r.returncode == 2 and "declared in the plan file" in r.stderr
+    r = run_orch("todo", "rm", plan, "nope")
+    assert r.returncode == 2 and "no task 'nope' on the board" in r.stderr
+    r = run_orch("todo", "add", plan, "bad id!")
+    assert r.returncode == 2 and "a task's id is" in r.stderr
+
+
+def test_notes_and_findings_keep_their_author_and_a_rerun_starts_afresh(pdir: PlanDir) -> None:
+    plan = pdir.write(PLAN.format(root=pdir.root))
+    assert run_orch("run", plan).returncode == 0
+    assert run_orch("todo", "note", plan, "a", "disk nearly full").returncode == 0
+    r = run_orch("todo", "note", plan, "a", "--finding", "free=3.5", "--unit", "GiB")
+    assert r.returncode == 0, r.stderr
+    tasks = {t["id"]: t for t in json.loads(run_orch("status", plan, "--json").stdout)["tasks"]}
+    assert tasks["a"]["findings"] == [
+        {"key": "note", "value": "disk nearly full", "unit": None, "note": None,
+         "author": "person"},
+        {"key": "free", "value": 3.5, "unit": "GiB", "note": None, "author": "person"},
+    ]  # fmt: skip
+    assert "person: disk nearly full, person: free=3.5 GiB" in run_orch("status", plan).stdout
+    r = run_orch("todo", "note", plan, "a", "--finding", "bad key=1")
+    assert r.returncode == 2 and "finding key" in r.stderr
+    # A note belongs to the attempt it was written on: a re-run starts a fresh set.
+    assert run_orch("run", plan, "--rerun", "a").returncode == 0
+    tasks = {t["id"]: t for t in json.loads(run_orch("status", plan, "--json").stdout)["tasks"]}
+    assert tasks["a"]["findings"] == []
+    # A note on a task that has not run yet shows at once.
+    assert run_orch("todo", "add", plan, "later").returncode == 0
+    assert run_orch("todo", "note", plan, "later", "after the freeze").returncode == 0
+    assert "person: after the freeze" in run_orch("status", plan).stdout
+
+
+def test_events_list_and_follow_what_another_process_records(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: a, kind: shell, params: {{command: "echo ::finding n=1 unit=x"}}}}
+          - id: slow
+            kind: shell
+            needs: [a]
+            params: {{command: "until [ -e {pdir.root}/go ]; do sleep 0.05; done"}}
+    """)
+    follow = start_orch("events", plan, "--follow", "--json")
+    runner = start_orch("run", plan)
+    try:
+        wait_for(lambda: pdir.status_of("slow") == "in_progress", what="slow running")
+        assert run_orch("todo", "note", plan, "slow", "waiting on go").returncode == 0
+        (pdir.root / "go").touch()
+        runner.communicate(timeout=30)
+        assert runner.returncode == 0
+        time.sleep(1.0)  # the follower polls every 0.2 s
+    finally:
+        for p in (runner, follow):
+            if p.poll() is None:
+                p.terminate()
+        runner.communicate(timeout=10)
+        out, _ = follow.communicate(timeout=10)
+    events = [json.loads(line) for line in out.splitlines()]
+    assert all(e["schema"] == "orch.event/v1" for e in events)
+    kinds = [(e["type"], e.get("task"), e.get("to") or e.get("key") or e.get("state"))
+             for e in events]  # fmt: skip
+    assert kinds[0] == ("run", None, "started")
+    assert ("transition", "a", "completed") in kinds and ("finding", "a", "n") in kinds
+    assert (
+        kinds.index(("transition", "slow", "in_progress"))
+        < kinds.index(("finding", "slow", "note"))
+        < kinds.index(("transition", "slow", "completed"))
+    )
+    assert kinds[-1] == ("run", None, "completed")
+    note = next(e for e in events if e.get("key") == "note")
+    assert note["author"] == "person" and note["value"] == "waiting on go"
+    # Without --follow: what is recorded, as lines; -n keeps the last ones.
+    lines = run_orch("events", plan).stdout.splitlines()
+    assert any("slow  in_progress -> completed" in ln for ln in lines), lines
+    assert run_orch("events", plan, "-n", "1").stdout.splitlines() == lines[-1:]
+    r = run_orch("events", "--store", pdir.root / "none.db")
+    assert r.returncode == 2 and "no store" in r.stderr
+
+
+def test_an_older_store_is_upgraded_and_keeps_its_record(pdir: PlanDir) -> None:
+    """A schema-2 store (before added tasks) gains the columns; its tasks are the plan's."""
+    plan = pdir.write(PLAN.format(root=pdir.root))
+    assert run_orch("run", plan).returncode == 0
+    with pdir.db() as db:
+        db.execute("PRAGMA foreign_keys=OFF")
+        for table, column in (("todos", "origin"), ("todos", "definition"), ("findings", "author")):
+            db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute("PRAGMA user_version=2")
+        db.commit()
+    assert "2 tasks: 2 completed" in run_orch("status", plan).stdout  # read as it is
+    assert run_orch("todo", "add", plan, "new").returncode == 0
+    with pdir.db() as db:
+        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        origins = dict(db.execute("SELECT id, origin FROM todos").fetchall())
+    assert origins == {"a": "plan", "b": "plan", "new": "person"}
+    assert run_orch("run", plan).returncode == 0 and ran(pdir) == ["a", "b"]
+
+
+def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
+    """Four processes adding todos and notes at once while a run writes: every write lands,
+    none fails with "database is locked"."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: busy
+            kind: shell
+            params:
+              command: "for i in $(seq 200); do echo ::finding i=$i; done; sleep 1"
+    """)
+    runner = start_orch("run", plan)
+    script = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from orchestrator.plan import load_plan\n"
+        "from orchestrator.store import Store\n"
+        "from orchestrator import todos\n"
+        "plan = load_plan(Path(sys.argv[1]))\n"
+        "for i in range(25):\n"
+        "    store = Store.open(Path(sys.argv[2]))\n"
+        "    todos.add(plan, store, {'id': f'w{sys.argv[3]}_{i}'}, 'agent')\n"
+        "    todos.note(store, 'busy', 'agent', f'{sys.argv[3]}:{i}')\n"
+        "    store.close()\n"
+    )
+    try:
+        wait_for(lambda: pdir.status_of("busy") == "in_progress", what="busy running")
+        writers = [
+            subprocess.Popen(
+                [sys.executable, "-c", script, str(plan), str(pdir.store_path()), str(n)],
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for n in range(4)
+        ]
+        errors = [w.communicate(timeout=60)[1] for w in writers]
+        assert [w.returncode for w in writers] == [0] * 4, errors
+        runner.communicate(timeout=60)
+        assert runner.returncode == 0
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+        runner.communicate()
+    with pdir.db() as db:
+        ids = {r[0] for r in db.execute("SELECT id FROM todos WHERE origin='agent'")}
+        notes = db.execute("SELECT count(*) FROM findings WHERE author='agent'").fetchone()[0]
+        runs = db.execute("SELECT count(*) FROM findings WHERE key='i'").fetchone()[0]
+    assert ids == {f"w{n}_{i}" for n in range(4) for i in range(25)}
+    assert notes == 100 and runs == 200
