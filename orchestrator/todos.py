@@ -181,17 +181,10 @@ def todowrite(store: Store, items: Sequence[Mapping[str, Any]], origin: str) -> 
     merge = Merge()
     rows = {r["id"]: r for r in store.todos()}
     by_title = {_norm(r["title"]): r["id"] for r in rows.values()}
-    for item in items:
-        content = str(item.get("content") or "").strip()
-        word = str(item.get("status") or "pending")
-        status = status_of(word)
-        priority = item.get("priority") or "medium"
-        if priority not in PRIORITIES:
-            raise UsageError(f"{content!r}: priority is one of {', '.join(PRIORITIES)}")
+    checked = [_checked_item(item) for item in items]  # all or nothing: refuse before writing
+    for item, (content, word, status, priority) in zip(items, checked, strict=True):
         task_id = _match(item, content, rows, by_title)
         if task_id is None:
-            if not content:
-                raise UsageError("every item needs its content")
             task_id = _new_id(content, rows)
             store.add_todo(
                 _todo_spec(
@@ -224,6 +217,18 @@ def todowrite(store: Store, items: Sequence[Mapping[str, Any]], origin: str) -> 
                 }
             )
     return merge
+
+
+def _checked_item(item: Mapping[str, Any]) -> tuple[str, str, Status, str]:
+    """An item's content, status word, status and priority; UsageError if one is wrong."""
+    content = str(item.get("content") or "").strip()
+    if not content and not isinstance(item.get("id"), str):
+        raise UsageError("every item needs its content")
+    word = str(item.get("status") or "pending")
+    priority = item.get("priority") or "medium"
+    if priority not in PRIORITIES:
+        raise UsageError(f"{content!r}: priority is one of {', '.join(PRIORITIES)}")
+    return content, word, status_of(word), priority
 
 
 def _norm(text: str) -> str:

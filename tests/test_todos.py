@@ -6,6 +6,11 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -247,3 +252,60 @@ def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
         runs = db.execute("SELECT count(*) FROM findings WHERE key='i'").fetchone()[0]
     assert ids == {f"w{n}_{i}" for n in range(4) for i in range(25)}
     assert notes == 100 and runs == 200
+
+
+# --- todowrite lists from an agent: hostile input ---------------------------------------------
+
+WORDS = st.sampled_from(["Step A", "b", "Report", "step a (done)", "Diagnose", "", " ", "x" * 300])
+ITEMS = st.fixed_dictionaries(
+    {
+        "content": st.one_of(WORDS, st.text(max_size=80)),
+        "status": st.sampled_from(["pending", "in_progress", "completed", "cancelled", "bogus"]),
+        "priority": st.sampled_from(["high", "medium", "low", None, "urgent"]),
+    },
+    optional={"id": st.one_of(st.sampled_from(["a", "b", "nope"]), st.text(max_size=10))},
+)
+
+
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(lists=st.lists(st.lists(ITEMS, max_size=6), min_size=1, max_size=3))
+def test_any_todowrite_list_merges_or_is_refused_and_the_board_stays_one_list(
+    tmp_path: Path, lists: list[list[dict[str, Any]]]
+) -> None:
+    """Whatever an agent sends: a clear refusal, or a merge after which every item names
+    exactly one board task, plan tasks keep their status, and sending the board's own list
+    back changes nothing."""
+    from orchestrator import board, todos
+    from orchestrator.errors import UsageError
+    from orchestrator.store import Store, TodoSpec
+
+    path = tmp_path / f"s{time.monotonic_ns()}.db"
+    store = Store.open(path)
+    try:
+        store.sync_plan(
+            [TodoSpec("a", 0, "Step A", "high", "shell", (), "h", "{}"),
+             TodoSpec("b", 1, "b", "medium", "shell", ("a",), "h", "{}")],
+            None,
+        )  # fmt: skip
+        for items in lists:
+            before = [tuple(r) for r in store.todos()]
+            try:
+                merge = todos.todowrite(store, items, "agent")
+            except UsageError as exc:
+                assert str(exc)  # a reason the agent can read, and nothing half done
+                assert [tuple(r) for r in store.todos()] == before
+                continue
+            ids = {r["id"] for r in store.todos()}
+            assert set(merge.added) <= ids
+            assert {m["id"] for m in merge.matched} <= ids
+            assert len(merge.added) + len(merge.matched) == len(items)
+            assert {store.todo("a")["status"], store.todo("b")["status"]} == {"pending"}
+        rows, found = store.todos(), store.findings()
+        own = board.todowrite(rows, found)["todos"]
+        again = todos.todowrite(store, own, "agent")
+        assert (again.added, again.updated, again.differs) == ([], [], [])
+        assert len(store.todos()) == len(rows)
+    finally:
+        store.close()
