@@ -967,7 +967,7 @@ def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]
     docs/agent.md for the tools and a session.
 
     \b
-    Example (an MCP client's configuration):
+    Example: an MCP host's configuration starts it
       {"command": "orch", "args": ["mcp", "plans/demo.yaml"]}
     """
     from .mcpserver import serve

@@ -216,6 +216,7 @@ def test_python_task_findings_and_user_errors(pdir: PlanDir) -> None:
         "value": 0.42,
         "unit": "ratio",
         "note": "no speedup",
+        "author": None,  # recorded by the task's own attempt
     }
     assert tasks["greet"]["findings"][0]["value"] == "hello orch"
     assert tasks["crash"]["status"] == "failed"
@@ -276,6 +277,7 @@ def test_status_json_schema_and_todowrite(pdir: PlanDir) -> None:
         "title",
         "priority",
         "kind",
+        "origin",
         "status",
         "reason",
         "attempts",
