@@ -40,7 +40,9 @@ Artifacts, checked in every window before it counts (decisions):
   ranged 283-670 tok/s where its neighbours held within 15%). So a window where more than
   `MAX_UNOBSERVED` of the answers, and more than one, were not observed is thrown away and
   measured again; below that, those answers count for throughput and end-to-end latency but
-  are left out of TTFT, TPOT and ITL (`unobserved` says how many). Never a TPOT of 0.
+  are left out of TTFT, TPOT and ITL (`unobserved` says how many). Never a TPOT of 0. The
+  CPU rehearsal and tests run vLLM's engine at nice 10 (scripts/vllm_cpu/vllm_cli.py), which
+  restores a GPU host's token-by-token streaming on 2 cores.
 
 Speculative decoding is measured from the engine's own counters, taken before and after each
 window (warm-up excluded; the kept windows' differences summed): vLLM's `vllm:spec_decode_*`

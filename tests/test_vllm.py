@@ -55,7 +55,9 @@ def server(name: str, port: int, draft: str | None = None) -> str:
       port: {port}
       max_running_requests: 8
       extra_args: [--dtype, float32, --max-model-len, 512, --enforce-eager]
-      env: {{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1", VLLM_CLI_ENGINE_NICE: "10"}}
+      env:
+        {{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1",
+         VLLM_CLI_ENGINE_NICE: "10"}}
       ready_timeout: 5m
       progress_every: 5s{spec}
   - id: bench_{name}
