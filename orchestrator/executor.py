@@ -39,10 +39,10 @@ from .process import INTERRUPTS, tail
 from .resources import release_all
 from .selection import Action, Selection, decide
 from .status import Status
-from .store import PLAN_ORIGIN, Store, TodoSpec, runs_dir
+from .store import Store, runs_dir
 from .task import Context
 from .templating import Ref, bash_params, evaluate_when, resolve
-from .todos import added_tasks
+from .todos import added_tasks, todo_specs
 
 PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20
@@ -98,7 +98,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
             log.warning("recovered", why=why)
         release_all(store, log, "left running by an earlier run")
         store.set_meta(DIGEST_KEY, None)
-        store.sync_plan(_todo_specs(plan), run_id)
+        store.sync_plan(todo_specs(plan), run_id)
         runner = Runner(
             plan, store, run_id, log_dir, selection, options, log, store_tag(store_path)
         )
@@ -117,23 +117,6 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.close()
         if events is not None:
             events.close()
-
-
-def _todo_specs(plan: Plan) -> list[TodoSpec]:
-    return [
-        TodoSpec(
-            t.id,
-            t.position,
-            t.title,
-            t.spec.priority,
-            t.spec.kind,
-            t.spec.needs,
-            t.spec_hash,
-            t.spec_json,
-            plan.added.get(t.id, PLAN_ORIGIN),
-        )
-        for t in plan.tasks
-    ]
 
 
 class Runner:

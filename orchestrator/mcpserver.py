@@ -92,6 +92,16 @@ def build(
             return {"plan": plan.name if plan else None, "store": str(store_path), "tasks": []}
         return guarded(lambda: take(store_path, plan).as_json())
 
+    if plan is not None:  # the declared tasks on the board from the start: a list handed over
+        try:  # before the first run meets them
+            store = Store.open(store_path, create=True)
+            try:
+                todo_board.ensure_plan(plan, store)
+            finally:
+                store.close()
+        except OrchError as exc:  # a damaged store, say: every tool will say so too
+            print(f"orch mcp: {exc}", file=sys.stderr)
+
     @app.tool()
     def board() -> dict[str, Any]:
         """The todo board: every task with its status, reason, attempts, findings (with their
@@ -173,7 +183,7 @@ def build(
         store = open_store(create=plan is not None)
         try:
             if plan is not None:
-                guarded(lambda: store.bind_plan(plan.name))
+                guarded(lambda: todo_board.ensure_plan(plan, store))
             items = [i.model_dump() for i in todos]
             merge = guarded(lambda: todo_board.todowrite(store, items, AUTHOR))
         finally:

@@ -26,7 +26,7 @@ from .errors import UsageError
 from .findings import Finding, FindingValue
 from .plan import ID_PATTERN, MAX_ID_CHARS, MAX_TITLE_CHARS, AddedTask, Plan, load_plan, with_added
 from .status import TODOWRITE, Status
-from .store import Store, TodoSpec
+from .store import PLAN_ORIGIN, Store, TodoSpec
 
 ORIGINS = ("agent", "person")
 PRIORITIES = ("high", "medium", "low")
@@ -42,6 +42,35 @@ def added_tasks(store: Store) -> list[AddedTask]:
         for r in store.added()
         if r["kind"] is not None and r["definition"]
     ]
+
+
+def todo_specs(plan: Plan) -> list[TodoSpec]:
+    """The plan's tasks as the store keeps them (the added ones with their origin)."""
+    return [
+        TodoSpec(
+            t.id,
+            t.position,
+            t.title,
+            t.spec.priority,
+            t.spec.kind,
+            t.spec.needs,
+            t.spec_hash,
+            t.spec_json,
+            plan.added.get(t.id, PLAN_ORIGIN),
+        )  # fmt: skip
+        for t in plan.tasks
+    ]
+
+
+def ensure_plan(plan: Plan, store: Store) -> None:
+    """Put the plan's declared tasks on the board of a store no run has synced yet, so that a
+    list handed over before the first run meets them; writes nothing once they are there.
+    Left to the run while one holds the store (it synced the plan it loaded)."""
+    from .lock import RunLock
+
+    if RunLock(store.path).try_probe():
+        store.bind_plan(plan.name)
+        store.sync_plan(todo_specs(with_added(plan, added_tasks(store))), None)
 
 
 def plan_of(plan: Plan, store_path: Path) -> Plan:
@@ -68,7 +97,7 @@ def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) ->
         )
     if len(task_id) > MAX_ID_CHARS:
         raise UsageError(f"a task's id is at most {MAX_ID_CHARS} characters")
-    store.bind_plan(plan.name)
+    ensure_plan(plan, store)
     if task_id in plan.by_id:  # declared, perhaps not run yet (the store checks the rest)
         raise UsageError(f"task {task_id!r} is already on the board (the plan file declares it)")
     if definition.get("kind") is None:
@@ -78,11 +107,7 @@ def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) ->
     extended = load_plan(
         plan.file, plan.overrides, [*added_tasks(store), AddedTask(definition, origin)]
     )
-    t = extended.by_id[task_id]
-    spec = TodoSpec(
-        t.id, t.position, t.title, t.spec.priority, t.spec.kind, t.spec.needs, t.spec_hash,
-        t.spec_json, origin,
-    )  # fmt: skip
+    spec = next(s for s in todo_specs(extended) if s.id == task_id)
     store.add_todo(spec, origin, json.dumps(definition))
     return task_id
 

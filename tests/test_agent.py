@@ -68,7 +68,13 @@ def test_an_agent_reads_runs_extends_and_records_and_a_person_sees_it(pdir: Plan
             assert tools["add_task"].input_schema["properties"]["priority"]["enum"] == [
                 "high", "medium", "low",
             ]  # fmt: skip
-            assert (await call(s, "board"))["tasks"] == []  # never run: no store yet
+            first = await call(s, "board")  # never run: the plan's tasks, all pending
+            assert first["run"] is None and first["summary"]["pending"] == 5
+            # A list handed over before the first run meets the plan's tasks.
+            early = await call(
+                s, "todowrite", {"todos": [{"content": "Write test data", "status": "pending"}]}
+            )
+            assert [m["id"] for m in early["matched"]] == ["write_data"] and not early["added"]
 
             result = await call(s, "run", progress_callback=on_progress)
             assert result["exit_code"] == 0 and result["outcome"] == "completed"
