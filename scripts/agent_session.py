@@ -149,6 +149,12 @@ async def session(plan: Path, out: Path) -> None:
             },
         )
         await call("run", {"only": ["check_load"]})
+        transcript.say(
+            "`check_load` needs `launch_noisy`, whose server the plan had stopped: the run "
+            "relaunched it for the check and stopped it after (a completed task that holds a "
+            "server runs again when a task that needs it runs), hence the seconds above and a "
+            "fresh `ready_after`.\n"
+        )
         await call(
             "set_todo_status",
             {
