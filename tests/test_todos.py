@@ -97,6 +97,8 @@ def test_a_todo_with_no_kind_is_kept_by_hand(pdir: PlanDir) -> None:
     assert r.returncode == 0, r.stderr
     assert run_orch("run", plan).returncode == 0  # a todo neither runs nor blocks the run
     assert pdir.statuses()["ask"] == "in_progress"
+    board = json.loads(run_orch("status", plan, "--json").stdout)["tasks"]
+    assert [t["id"] for t in board] == ["a", "b", "ask"]  # still on the board after the run
     assert run_orch("todo", "set", plan, "ask", "cancelled", "--note", "not needed").returncode == 0
     assert pdir.todo("ask")["status"] == "skipped" and pdir.todo("ask")["reason"] == "not needed"
     assert run_orch("todo", "set", plan, "ask", "pending").returncode == 0  # anywhere, by hand
@@ -106,6 +108,15 @@ def test_a_todo_with_no_kind_is_kept_by_hand(pdir: PlanDir) -> None:
     assert r.returncode == 2 and "unknown status 'done'" in r.stderr
     r = run_orch("todo", "rm", plan, "a")
     assert r.returncode == 2 and "declared in the plan file" in r.stderr
+    # An added task that another on the board needs stays until that one is removed.
+    assert run_orch("todo", "add", plan, "c", "--kind", "shell", "--needs", "a",
+                    "--param", "command=exit 0").returncode == 0  # fmt: skip
+    assert run_orch("todo", "add", plan, "d", "--kind", "shell", "--needs", "c",
+                    "--param", "command=exit 0").returncode == 0  # fmt: skip
+    r = run_orch("todo", "rm", plan, "c")
+    assert r.returncode == 2 and "needed by d" in r.stderr, r.stderr
+    assert run_orch("todo", "rm", plan, "d").returncode == 0
+    assert run_orch("todo", "rm", plan, "c").returncode == 0
     r = run_orch("todo", "rm", plan, "nope")
     assert r.returncode == 2 and "no task 'nope' on the board" in r.stderr
     r = run_orch("todo", "add", plan, "bad id!")
