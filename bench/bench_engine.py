@@ -1,10 +1,17 @@
-"""Engine benchmark: executor overhead per task, re-run cost, and `orch status` start-up.
+"""Engine benchmark: executor overhead per task, re-run cost, and `orch status` start-up,
+against doit measured in the same run.
 
-    python bench/bench_engine.py [--quick] [--json PATH]
+    python bench/bench_engine.py [--quick] [--no-doit] [--json PATH]
 
 Every figure is measured in this run, next to `python -c pass` on the same machine, so ratios
 transfer across machines. Plans of no-op `python` tasks (bench_noop:noop) are written to a temp
 dir. The engine commits every status change: 2 SQLite transactions per task, measured below.
+
+doit (the fastest durable-ish runner we know; it writes its state once, at the end) is
+installed into the benchmark's own environment, bench/.doit-venv (pip, once), never into
+orch's: the same 1000-task chain of no-op Python actions as a dodo.py, run, re-run when every
+task is up to date, and listed with `doit list --all --status`. The three ratios orch/doit
+close the output (issue 12's targets: at most 1.5, 0.5 and 1.0).
 """
 
 from __future__ import annotations
@@ -164,7 +171,105 @@ def sqlite_floor_s(path: Path, n: int) -> float:
         return time.perf_counter() - t0
 
 
-def bench(tmp: Path, quick: bool) -> list[Row]:
+DOIT_VERSION = "0.37.0"
+DOIT_VENV = BENCH_DIR / ".doit-venv"
+DODO = """
+def noop():
+    return None
+
+
+def task_t():
+    for i in range({n}):
+        yield {{
+            "name": f"t{{i}}",
+            "actions": [noop],
+            "task_dep": [f"t:t{{i - 1}}"] if i else [],
+            "uptodate": [True],  # done once run: a re-run has nothing to do
+            "verbosity": 0,
+        }}
+"""
+
+
+def doit_command() -> list[str]:
+    """`python -m doit` of the benchmark's own environment, made on first use."""
+    python = DOIT_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(DOIT_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"doit=={DOIT_VERSION}"], check=True
+        )
+    return [str(python), "-m", "doit"]
+
+
+def doit_rows(
+    tmp: Path, reps: int, orch_run: list[str], orch_status: list[str], clear_store: Thunk
+) -> list[Row]:
+    """doit and orch side by side, each figure's commands interleaved (drift hits both)."""
+    doit = doit_command()
+    n, folder, ms = 1000, tmp / "doit", 1000.0
+    folder.mkdir()
+    dodo = folder / "dodo.py"
+    dodo.write_text(DODO.format(n=n))
+    at = ["-f", str(dodo), "--dir", str(folder)]
+
+    def clear() -> None:
+        for p in folder.glob(".doit.db*"):
+            p.unlink()
+
+    passes: list[float] = []
+    runs: dict[str, list[float]] = {"doit": [], "orch": []}
+    for _ in range(reps):
+        passes.append(timed(proc([PYTHON, "-c", "pass"])))
+        clear()
+        runs["doit"].append(timed(proc([*doit, "run", *at])))
+        clear_store()
+        runs["orch"].append(timed(proc(orch_run)))
+    pass_s = statistics.median(passes)
+    per = {k: (statistics.median(v) - pass_s) / n for k, v in runs.items()}
+    proc([*doit, "run", *at])()  # both finished: what a re-run and a listing face
+    rerun = dict(
+        zip(("doit", "orch"), round_robin([[*doit, "run", *at], orch_run], reps), strict=True)
+    )
+    listing = dict(
+        zip(
+            ("doit", "orch"),
+            round_robin([[*doit, "list", "--all", "--status", *at], orch_status], reps),
+            strict=True,
+        )
+    )
+    return [
+        Row(
+            "vs doit",
+            f"doit {DOIT_VERSION} run - python -c pass, chain of {n}",
+            per["doit"] * ms,
+            "ms/task",
+        ),
+        Row("vs doit", f"orch run - python -c pass, chain of {n}", per["orch"] * ms, "ms/task"),
+        Row(
+            "vs doit", "  ratio orch/doit, per task", per["orch"] / per["doit"], "x", target="≤1.5"
+        ),
+        Row("vs doit", "doit run, everything up to date", rerun["doit"] * ms, "ms"),
+        Row("vs doit", "orch run, finished plan unchanged", rerun["orch"] * ms, "ms"),
+        Row(
+            "vs doit",
+            "  ratio orch/doit, re-run",
+            rerun["orch"] / rerun["doit"],
+            "x",
+            target="≤0.5",
+        ),
+        Row("vs doit", "doit list --all --status", listing["doit"] * ms, "ms"),
+        Row("vs doit", "orch status PLAN", listing["orch"] * ms, "ms"),
+        Row(
+            "vs doit",
+            "  ratio orch/doit, status",
+            listing["orch"] / listing["doit"],
+            "x",
+            target="≤1.0",
+        ),
+    ]
+
+
+def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
     reps_exec, reps_proc, reps_rerun, reps_cli = (1, 2, 3, 5) if quick else (3, 5, 7, 15)
     sys.path.insert(0, str(BENCH_DIR))
     rows: list[Row] = []
@@ -307,6 +412,11 @@ def bench(tmp: Path, quick: bool) -> list[Row]:
         rows.append(
             Row("cli start", label, s * ms, "ms", s / times[0], s / times[1], reference, target)
         )
+
+    # 4. doit beside orch, in this run.
+    if with_doit:
+        status = [ORCH, "status", str(path), "--store", str(store)]
+        rows += doit_rows(tmp, reps_proc, rerun, status, fresh(store))
     return rows
 
 
@@ -348,9 +458,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
+    parser.add_argument("--no-doit", action="store_true", help="skip the doit comparison")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
-        rows = bench(Path(tmp), args.quick)
+        rows = bench(Path(tmp), args.quick, not args.no_doit)
     print(render(rows, args.quick))
     if args.json:
         args.json.write_text(

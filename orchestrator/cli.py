@@ -320,6 +320,15 @@ def status(
       orch status plans/demo.yaml
       orch status plans/demo.yaml --format todowrite
     """
+    if plan_file and not watch:  # the plan unchanged since the last run: the store answers
+        from .finished import guess_store, plan_digest
+        from .snapshot import cached_stale
+
+        digest, guess = plan_digest(plan_file, ()), guess_store(plan_file, store_opt)
+        stale = cached_stale(guess, digest) if digest and guess else None
+        if guess is not None and stale is not None:
+            _show_status(guess, None, as_json, todowrite=fmt == "todowrite", stale=stale)
+            return
     plan = _load(plan_file, ()) if plan_file else None
     path = _store_path(store_opt, plan)
     if watch:

@@ -38,6 +38,7 @@ from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .process import INTERRUPTS, tail
 from .resources import release_all
 from .selection import Action, Selection, decide
+from .snapshot import remember_stale
 from .status import Status
 from .store import Store, runs_dir
 from .task import Context
@@ -107,6 +108,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
                 result = runner.run()
         finally:  # whatever the outcome, nothing the plan started outlives the run
             release_all(store, log, f"at the end of run #{run_id}")
+        remember_stale(store, plan, options.plan_digest)  # for `orch status PLAN` (snapshot.py)
         # Only a run that looked at every task can vouch that none is stale (finished.py).
         whole_plan = not (options.only or options.from_task)
         if result.outcome == "completed" and not result.stale and whole_plan:

@@ -10,6 +10,7 @@ answer for it. Anything else (another digest, a task not done, a run open) takes
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -23,13 +24,23 @@ _NAME = re.compile(
 )
 
 
+# A var declared `{env: NAME}` takes its value from the environment: the same bytes are another
+# plan when NAME changes. The names are read by a pattern; one read wrongly only adds a value.
+_ENV_NAME = re.compile(rb"\benv:[ \t]*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
+
+
 def plan_digest(plan_file: Path, var_args: Sequence[str]) -> str | None:
-    """sha256 of the plan file and the overrides; None if the file cannot be read."""
+    """sha256 of the plan file, the overrides and the environment values its vars may read;
+    None if the file cannot be read."""
     try:
         data = plan_file.read_bytes()
     except OSError:
         return None
-    return hashlib.sha256(data + b"\0" + "\0".join(var_args).encode()).hexdigest()
+    names = sorted({m.decode() for m in _ENV_NAME.findall(data)})
+    env = "\0".join(f"{n}={os.environ.get(n, '')}" if n in os.environ else n for n in names)
+    return hashlib.sha256(
+        data + b"\0" + "\0".join(var_args).encode() + b"\0" + env.encode()
+    ).hexdigest()
 
 
 def guess_store(plan_file: Path, store_opt: str | None) -> Path | None:

@@ -21,6 +21,10 @@ from .store import Store
 if TYPE_CHECKING:
     from .plan import Plan
 
+# What the last run found stale, for the plan file (and --var values) it ran, as of the last
+# transition then: `orch status PLAN` answers from it while both are unchanged (no plan load).
+STALE_KEY = "stale_cache"
+
 
 @dataclass(frozen=True)
 class Snapshot:
@@ -64,6 +68,38 @@ def take(
     finally:
         store.close()
     return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
+
+
+def remember_stale(store: Store, plan: Plan, digest: str | None) -> None:
+    """At the end of a run: what is stale now, keyed by the plan's digest and the store's last
+    transition (a later forget, todo or run moves it, and the cache no longer answers)."""
+    import json
+
+    if digest is None:
+        return
+    stale = stale_of(plan, store.todos())
+    value = {"digest": digest, "seq": store.last_transition(), "stale": stale}
+    store.set_meta(STALE_KEY, json.dumps(value))
+
+
+def cached_stale(path: Path, digest: str) -> dict[str, Any] | None:
+    """What is stale, if the last run's answer still holds for this plan digest; else None."""
+    import json
+
+    if not path.exists():
+        return None
+    try:
+        store = Store.open(path, create=False)
+    except OrchError:
+        return None  # the full path says what is wrong
+    try:
+        raw = store.meta(STALE_KEY)
+        cached = json.loads(raw) if raw else None
+        if not cached or cached["digest"] != digest or cached["seq"] != store.last_transition():
+            return None
+        return dict(cached["stale"])
+    finally:
+        store.close()
 
 
 def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:

@@ -970,6 +970,10 @@ class Store:
         ).fetchall()
         return transitions, findings
 
+    def last_transition(self) -> int:
+        """The sequence number of the latest transition (0 if none)."""
+        return int(self.conn.execute("SELECT coalesce(max(seq), 0) FROM transitions").fetchone()[0])
+
     def runs_after(self, run_id: int, open_ids: set[int]) -> list[sqlite3.Row]:
         """Runs begun after `run_id`, and those of `open_ids` (to see them end), by id."""
         marks = ", ".join("?" * len(open_ids))

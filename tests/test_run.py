@@ -95,6 +95,59 @@ def test_changed_spec_is_stale_not_rerun_until_asked(pdir: PlanDir) -> None:
     assert steps["b"]["action"] == "skip"
 
 
+def test_status_of_an_unchanged_plan_answers_from_the_store_and_agrees(pdir: PlanDir) -> None:
+    """`orch status PLAN` after a run answers from what the run recorded, without loading the
+    plan (one whose kind cannot be imported now still shows), and says what the full path
+    says; a plan edit, a forget, or a var from the environment that changed make it load."""
+    plan = pdir.write("""
+        name: t
+        vars: {who: {env: ORCH_TEST_WHO, default: a, secret: false}}
+        tasks:
+          - {id: g, kind: "helpers_tasks:Greet", params: {name: "${vars.who}"}}
+          - {id: d, kind: shell, params: {command: "true"}}
+    """)
+    assert run_orch("run", plan, env=ENV).returncode == 0
+    assert run_orch("run", plan, env={**ENV, "ORCH_TEST_WHO": "b"}).returncode == 0  # stale
+    fast = run_orch("status", plan, "--json", env={"ORCH_TEST_WHO": "b"})  # no PYTHONPATH
+    assert fast.returncode == 0, fast.stderr
+    assert json.loads(fast.stdout)["tasks"][0]["stale"] == ["vars.who: 'a' -> 'b'"]
+    full = run_orch("status", plan, "--json", env={**ENV, "ORCH_TEST_WHO": "b"})
+    assert json.loads(fast.stdout) == json.loads(full.stdout)
+    with pdir.db() as db:  # without the cache the plan is loaded: its kind cannot be imported
+        raw = db.execute("SELECT value FROM meta WHERE key='stale_cache'").fetchone()[0]
+        db.execute("DELETE FROM meta WHERE key='stale_cache'")
+        db.commit()
+    r = run_orch("status", plan, env={"ORCH_TEST_WHO": "b"})
+    assert r.returncode == 2 and "helpers_tasks" in r.stderr, r.stderr
+    with pdir.db() as db:
+        db.execute("INSERT INTO meta VALUES ('stale_cache', ?)", (raw,))
+        db.commit()
+    assert run_orch("status", plan, env={"ORCH_TEST_WHO": "b"}).returncode == 0
+    assert run_orch("status", plan, env={"ORCH_TEST_WHO": "c"}).returncode == 2  # another env
+    plan.write_text(plan.read_text() + "# an edit\n")
+    assert run_orch("status", plan, env={"ORCH_TEST_WHO": "b"}).returncode == 2
+    plan.write_text(plan.read_text().replace("# an edit\n", ""))
+    assert run_orch("forget", plan, "d", env={**ENV, "ORCH_TEST_WHO": "b"}).returncode == 0
+    assert run_orch("status", plan, env={"ORCH_TEST_WHO": "b"}).returncode == 2  # moved on
+
+
+def test_a_var_from_the_environment_is_part_of_the_finished_plan(pdir: PlanDir) -> None:
+    """The same plan bytes with another value of an `env:` var are another plan: the re-run
+    does not say "nothing to do", it finds the task stale."""
+    plan = pdir.write("""
+        name: t
+        vars: {v: {env: ORCH_TEST_V, secret: false}}
+        tasks:
+          - {id: a, kind: shell, params: {command: "echo ${vars.v}"}}
+    """)
+    assert run_orch("run", plan, env={"ORCH_TEST_V": "1"}).returncode == 0
+    r = run_orch("run", plan, env={"ORCH_TEST_V": "2"})
+    assert r.returncode == 0 and "nothing to do" not in r.stderr
+    assert "vars.v: '1' -> '2'" in r.stderr
+    r = run_orch("run", plan, env={"ORCH_TEST_V": "2"})
+    assert "nothing to do" not in r.stderr  # a kept stale task: not finished either
+
+
 def test_rerun_runs_task_and_its_dependents_only(pdir: PlanDir) -> None:
     """--rerun b re-runs b and c (which needs it), not a or d."""
     plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
