@@ -174,6 +174,9 @@ def sqlite_floor_s(path: Path, n: int) -> float:
 DOIT_VERSION = "0.37.0"
 DOIT_VENV = BENCH_DIR / ".doit-venv"
 DODO = """
+from doit.tools import config_changed
+
+
 def noop():
     return None
 
@@ -184,7 +187,9 @@ def task_t():
             "name": f"t{{i}}",
             "actions": [noop],
             "task_dep": [f"t:t{{i - 1}}"] if i else [],
-            "uptodate": [True],  # done once run: a re-run has nothing to do
+            # Not done until run once (saved state), then up to date: a re-run skips it.
+            # (`uptodate: [True]` alone would skip it from the first run on.)
+            "uptodate": [config_changed("v1")],
             "verbosity": 0,
         }}
 """
