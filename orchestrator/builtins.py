@@ -15,9 +15,10 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
-from .process import LOG_LIMIT, terminate_group, user_umask
+from .process import LOG_LIMIT, terminate_group
 from .sizes import parse_size
 from .task import CheckResult, Command, Context, Precondition, Task
+from .umask import user_umask
 
 
 class ShellParams(BaseModel):

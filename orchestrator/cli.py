@@ -1040,7 +1040,7 @@ def _open_store(path: Path) -> Store:
 
 def main() -> NoReturn:
     """Console entry point."""
-    from .process import private_files
+    from .umask import private_files
 
     private_files()  # the store, lock and logs are the user's alone (tasks keep their umask)
     try:

@@ -21,28 +21,11 @@ from typing import Any
 
 from .errors import TaskTimeout
 from .redact import mask
+from .umask import user_umask
 
 PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
 LOG_LIMIT = 64 * 1024 * 1024  # default cap on one process's output in its task log
 LOG_CHECK_EVERY = 0.2  # seconds between checks of the log's size while a process runs
-
-
-_user_umask = -1  # the umask orch started with, once private_files() replaced it
-
-
-def private_files() -> None:
-    """From now on what orch creates (store, lock, logs, events, folders) is private: umask
-    077. Task processes must not inherit that (a venv a task makes must stay usable by
-    others): they get user_umask() back through subprocess.Popen(umask=...)."""
-    global _user_umask
-    previous = os.umask(0o077)
-    if _user_umask == -1:
-        _user_umask = previous
-
-
-def user_umask() -> int:
-    """The umask task processes get: the user's, or -1 (Popen: leave it) if never changed."""
-    return _user_umask
 
 
 @dataclass(frozen=True)

@@ -41,8 +41,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.containment import Jail, jail
-from orchestrator.process import is_alive, last_line, tail, user_umask
+from orchestrator.process import is_alive, last_line, tail
 from orchestrator.terminal import plural
+from orchestrator.umask import user_umask
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners
