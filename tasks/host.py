@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,15 +131,20 @@ def default_import_name(package: str) -> str:
 def probe_package(
     python: str, package: str, module: str, timeout: float = 120.0
 ) -> PackageProbe | None:
-    """Ask `python` for `package`'s version and whether `module` imports; None: could not ask."""
+    """Ask `python` for `package`'s version and whether `module` imports; None: could not ask.
+
+    The import runs with a temp folder of its own, removed after: importing vllm makes torch's
+    inductor cache there, which would otherwise stay in the host's /tmp."""
     try:
-        out = subprocess.run(
-            [python, "-c", _PROBE, package, module],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            stdin=subprocess.DEVNULL,
-        )
+        with tempfile.TemporaryDirectory(prefix="orch-probe-") as tmp:
+            out = subprocess.run(
+                [python, "-c", _PROBE, package, module],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "TMPDIR": tmp},
+            )
         info = json.loads(out.stdout.strip().splitlines()[-1])
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
         return None

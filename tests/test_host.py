@@ -6,6 +6,9 @@ import os
 import socket
 import sys
 import threading
+from pathlib import Path
+
+import pytest
 
 from tasks.host import parse_size
 
@@ -130,3 +133,23 @@ def test_process_tree_and_listener_probes() -> None:
         (held,) = listeners(s.getsockname()[1])
         assert held.process is not None and held.process.pid == os.getpid()
         assert held.address == "127.0.0.1"
+
+
+def test_the_import_probe_leaves_nothing_in_the_temp_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A module whose import writes into the temp folder (as torch's inductor cache does when
+    vllm is imported) writes into the probe's own, removed after: the host's stays clean."""
+    from tasks.host import probe_package
+
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "cachey.py").write_text(
+        "import os, tempfile\nos.makedirs(os.path.join(tempfile.gettempdir(), 'cachey_cache'))\n"
+    )
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "mods"))
+    monkeypatch.setenv("TMPDIR", str(temp))
+    info = probe_package(sys.executable, "pip", "cachey")
+    assert info is not None and info.import_error is None, info
+    assert list(temp.iterdir()) == []
