@@ -163,6 +163,13 @@ def cli() -> None:
     metavar="ID",
     help="Run only ID (its needs must be completed). Repeatable.",
 )
+@click.option(
+    "--jobs",
+    "-j",
+    type=click.IntRange(1, 64),
+    metavar="N",
+    help="Run up to N ready tasks at once (default: the plan's `jobs`, else 1).",
+)
 @vars_options
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
 @json_option
@@ -173,6 +180,7 @@ def run(
     rerun: tuple[str, ...],
     from_task: str | None,
     only: tuple[str, ...],
+    jobs: int | None,
     var_args: tuple[str, ...],
     quiet: bool,
     as_json: bool,
@@ -230,6 +238,7 @@ def run(
         only,
         "critical" if live else "warning" if quiet or as_json else "info",
         plan_digest=digest,
+        jobs=jobs,
     )
     try:
         with LiveBoard(path.absolute()) if live else nullcontext():

@@ -7,6 +7,7 @@ and each task's state lives in the store, so a worker pool can replace the inner
 
 from __future__ import annotations
 
+import ctypes
 import graphlib
 import hashlib
 import heapq
@@ -15,9 +16,12 @@ import os
 import shlex
 import signal
 import sys
+import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +62,7 @@ class RunOptions:
     console_level: str = "info"
     argv: Sequence[str] = field(default_factory=lambda: sys.argv)
     plan_digest: str | None = None  # recorded when the run completes (see finished.py)
+    jobs: int | None = None  # tasks at once; None: the plan's `jobs` (default 1)
 
 
 @dataclass
@@ -146,6 +151,8 @@ class Runner:
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
         self.started = 0  # tasks this run started (0: nothing to do, all was done)
+        self.jobs = options.jobs or plan.jobs
+        self.threads: dict[str, int] = {}  # task id -> the thread running it (--jobs)
 
     def run(self) -> RunResult:
         after = self.selection.after  # a revived holder's releasers come after its users
@@ -161,6 +168,8 @@ class Runner:
 
         try:
             push(sorter.get_ready())
+            if self.jobs > 1:
+                self.run_parallel(ready, sorter, push)
             while ready:
                 _, task_id = heapq.heappop(ready)
                 self.visit(self.plan.by_id[task_id])
@@ -190,6 +199,88 @@ class Runner:
             )
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
         return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
+
+    def run_parallel(
+        self,
+        ready: list[tuple[int, str]],
+        sorter: graphlib.TopologicalSorter[str],
+        push: Callable[[tuple[str, ...]], None],
+    ) -> None:
+        """Up to `jobs` tasks at once, each in a thread of its own, started in plan order among
+        the ready; one whose resources are held waits (its reason on the board says for what)
+        while later ready ones that fit go first. Each thread commits its task's transitions
+        before their side effects, as one task alone does; a failure still stops new starts."""
+        running: dict[Future[None], PlannedTask] = {}
+        held: Counter[str] = Counter()
+        pool = ThreadPoolExecutor(self.jobs, thread_name_prefix="orch-task")
+        try:
+            while ready or running:
+                waiting = []
+                while ready and len(running) < self.jobs:
+                    item = heapq.heappop(ready)
+                    task = self.plan.by_id[item[1]]
+                    want = task.spec.resources
+                    if short := [
+                        n for n, u in want.items() if held[n] + u > self.plan.resources[n]
+                    ]:
+                        waiting.append(item)
+                        self.wait_for(task, short, held, running.values())
+                        continue
+                    held.update(want)
+                    running[pool.submit(self.visit_in_thread, task)] = task
+                for item in waiting:
+                    heapq.heappush(ready, item)
+                if not running:
+                    return  # what is left waits on nothing that could end: not reached
+                done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
+                for future in done:
+                    task = running.pop(future)
+                    held.subtract(task.spec.resources)
+                    future.result()  # a bug or a storage fault in a task thread ends the run
+                    sorter.done(task.id)
+                    push(sorter.get_ready())
+        except BaseException:
+            self.stop_threads(running)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+
+    def visit_in_thread(self, task: PlannedTask) -> None:
+        self.threads[task.id] = threading.get_ident()
+        try:
+            self.visit(task)
+        finally:
+            del self.threads[task.id]
+
+    def wait_for(
+        self, task: PlannedTask, short: list[str], held: Counter[str], running: Any
+    ) -> None:
+        """Say on the board what a ready task waits for (once per change)."""
+        holders = [t.id for t in running if set(t.spec.resources) & set(short)]
+        why = (
+            "waiting for "
+            + ", ".join(f"{n} ({held[n]} of {self.plan.resources[n]} held)" for n in short)
+            + (f" by {', '.join(holders)}" if holders else "")
+        )
+        row = self.store.todo(task.id)
+        if row is not None and row["reason"] != why:
+            self.store.note_reason(task.id, why)
+
+    def stop_threads(self, running: dict[Future[None], PlannedTask]) -> None:
+        """Ctrl-C (or a failure of the run itself) while tasks run in threads: each gets the
+        interrupt the main thread got, ends its processes and records itself interrupted, as a
+        task alone does; then the run ends. A second Ctrl-C meanwhile is passed on too."""
+        while running:
+            for tid in list(self.threads.values()):
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(tid), ctypes.py_object(KeyboardInterrupt)
+                )
+            try:
+                done, _ = wait(running, timeout=0.5)
+            except KeyboardInterrupt:
+                continue
+            for future in done:
+                running.pop(future)
 
     # --- one task ------------------------------------------------------------------------------
 
@@ -229,7 +320,7 @@ class Runner:
                 self.log.info(
                     "task.retry", task=task.id, attempt=attempt + 1, delay=task.spec.retries.delay
                 )
-                time.sleep(task.spec.retries.delay)
+                nap(task.spec.retries.delay)
         self.stop_after(task)
 
     def attempt(self, task: PlannedTask, attempt: int) -> bool:
@@ -410,7 +501,7 @@ class Runner:
                     found=result.found,
                 )
                 next_note = now + 10.0
-            time.sleep(min(check.every, max(deadline - now, 0.0)))
+            nap(min(check.every, max(deadline - now, 0.0)))
 
     def marker(self, run_id: int, task_id: str, attempt: int) -> str:
         return f"{run_id}:{task_id}:{attempt}@{self.tag}"
@@ -479,6 +570,13 @@ def from_folder(home: Path) -> Iterator[None]:
 def store_tag(store_path: Path) -> str:
     """A short digest of the store's real path: markers of two plans' stores never match."""
     return hashlib.sha256(str(store_path.resolve()).encode()).hexdigest()[:12]
+
+
+def nap(seconds: float) -> None:
+    """Sleep in slices: a task thread takes an interrupt only between two bytecodes."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))
 
 
 def _signal_name(exc: BaseException) -> str:

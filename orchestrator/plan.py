@@ -63,6 +63,9 @@ class TaskSpec(BaseModel):
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
         default_factory=lambda: Retries()
     )
+    # What it holds while it runs, of the plan's `resources` (name -> units): with --jobs, a
+    # task starts only when its units are free. Scheduling only: not in the spec hash.
+    resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
 
 
 class CheckSpec(BaseModel):
@@ -81,6 +84,9 @@ class PlanHeader(BaseModel):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_ID_CHARS)
     description: str = ""
     vars: dict[str, Any] = {}
+    jobs: int = Field(1, ge=1, le=64, description="tasks run at once (--jobs overrides)")
+    # Named resources and their units (`disk-heavy: 1`, `port: 4`): tasks hold some of them.
+    resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
     tasks: list[Any] = Field(min_length=1)
 
 
@@ -132,6 +138,8 @@ class Plan:
     tasks: list[PlannedTask]  # in dependency order; ties keep the file's order
     secrets: frozenset[str] = frozenset()  # vars whose values are masked as *** (redact.py)
     overrides: dict[str, Any] = field(default_factory=dict)  # the --var values it was loaded with
+    jobs: int = 1  # tasks at once, unless --jobs says otherwise
+    resources: dict[str, int] = field(default_factory=dict)  # name -> units
     added: dict[str, str] = field(
         default_factory=dict
     )  # added task id -> origin    by_id: dict[str, PlannedTask] = field(default_factory=dict)
@@ -261,6 +269,27 @@ def _load_plan(
             if (salvaged := _salvage(raw, exc)) is not None:
                 specs.append((i, salvaged))
 
+    for i, spec in specs:
+        for name, units in spec.resources.items():
+            have = header.resources.get(name) if header else None
+            where_r: Path_ = ("tasks", i, "resources", name)
+            if have is None:
+                known = header.resources if header else {}
+                issues.append(
+                    src.issue(
+                        where_r,
+                        f"task {spec.id!r} holds unknown resource {name!r}"
+                        f"{suggest(name, known)}: declare it under `resources:`",
+                    )
+                )
+            elif units > have:
+                issues.append(
+                    src.issue(
+                        where_r,
+                        f"task {spec.id!r} holds {units} of {name!r}, which has {have}: "
+                        "it could never start",
+                    )
+                )
     upstream = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
@@ -285,6 +314,8 @@ def _load_plan(
         secrets,
         overrides=dict(var_overrides or {}),
         added={str(a.definition["id"]): a.origin for a in added},
+        jobs=header.jobs,
+        resources=dict(header.resources),
     )
 
 

@@ -27,6 +27,7 @@ import functools
 import json
 import os
 import sqlite3
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -212,11 +213,12 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
 
     @functools.wraps(method)
     def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        store = args[0]
+        assert isinstance(store, Store)
         try:
-            return method(*args, **kwargs)
+            with store._lock:
+                return method(*args, **kwargs)
         except SQLITE_ERRORS as exc:
-            store = args[0]
-            assert isinstance(store, Store)
             raise StoreError(fault_message(store.path, exc)) from None
 
     return wrapper
@@ -268,8 +270,12 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
         else [str(path)]
     )
     for i, uri in enumerate(uris):
-        conn = sqlite3.connect(
-            uri, uri=readonly, isolation_level=None, timeout=BUSY_TIMEOUT_MS / 1000
+        conn = sqlite3.connect(  # shared by a run's task threads (--jobs), under Store._lock
+            uri,
+            uri=readonly,
+            isolation_level=None,
+            timeout=BUSY_TIMEOUT_MS / 1000,
+            check_same_thread=False,
         )
         try:
             conn.row_factory = sqlite3.Row
@@ -292,6 +298,7 @@ class Store:
         self.path = path
         self.conn = conn
         self.readonly = readonly  # opened for reading only: the file or its folder is not ours
+        self._lock = threading.RLock()  # one caller at a time: tasks run in threads (--jobs)
         st = path.stat()
         self._identity = (st.st_dev, st.st_ino)
 
@@ -873,6 +880,11 @@ class Store:
             " VALUES (?, ?, ?, ?, ?, NULL, (SELECT attempts FROM todos WHERE id=?))",
             (task_id, None if frm is None else str(frm), str(to), now, why, task_id),
         )
+
+    def note_reason(self, task_id: str, reason: str) -> None:
+        """Say why a task that has not started waits (no status change, no transition)."""
+        with self._tx() as c:
+            c.execute("UPDATE todos SET reason=? WHERE id=?", (reason, task_id))
 
     def set_process(self, task_id: str, pgid: int | None, started_at: float | None) -> None:
         """Record the process group a task started, so a later run can end it if we die."""

@@ -1,0 +1,221 @@
+"""`--jobs N`: ready tasks side by side, named resources, Ctrl-C and SIGKILL in the middle."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+
+
+def spans(pdir: PlanDir, run: int | None = None) -> dict[str, tuple[float, float]]:
+    """Each task's (start, end) in a run (the latest), from the store's transitions."""
+    with pdir.db() as db:
+        run = run or db.execute("SELECT max(id) FROM runs").fetchone()[0]
+        rows = db.execute(
+            "SELECT task_id, to_status, at FROM transitions WHERE run_id=? ORDER BY seq", (run,)
+        ).fetchall()
+    started: dict[str, float] = {}
+    out = {}
+    for task, to, at in rows:
+        if to == "in_progress":
+            started[task] = at
+        elif task in started:
+            out[task] = (started.pop(task), at)
+    return out
+
+
+def most_at_once(intervals: list[tuple[float, float]]) -> int:
+    edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
+    now = peak = 0
+    for _, step in edges:  # an end and a start at the same instant: the end first
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def sleepers(n: int, seconds: float, extra: str = "", head: str = "") -> str:
+    lines = ["name: t", head, "tasks:"] if head else ["name: t", "tasks:"]
+    for i in range(n):
+        lines.append(
+            f"  - {{id: s{i}, kind: shell, params: {{command: 'sleep {seconds}'}}{extra}}}"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def test_eight_one_second_tasks_with_four_jobs_take_about_two_seconds(pdir: PlanDir) -> None:
+    plan = pdir.write(sleepers(8, 1))
+    started = time.monotonic()
+    r = run_orch("run", plan, "--jobs", "4")
+    took = time.monotonic() - started
+    assert r.returncode == 0, r.stderr
+    assert took < 5.0, took  # one at a time: 8 s and more
+    assert most_at_once(list(spans(pdir).values())) == 4
+    # The plan's own default, and --jobs 1: one at a time, in plan order.
+    plan.write_text("jobs: 2\n" + plan.read_text())
+    assert run_orch("run", plan, "--from", "s0").returncode == 0
+    assert most_at_once(list(spans(pdir).values())) == 2
+    assert run_orch("run", plan, "--from", "s0", "--jobs", "1").returncode == 0
+    order = spans(pdir)
+    assert most_at_once(list(order.values())) == 1
+    assert sorted(order, key=lambda t: order[t][0]) == [f"s{i}" for i in range(8)]
+
+
+def test_a_resource_of_two_is_never_held_by_three(pdir: PlanDir) -> None:
+    """Over five runs of six tasks holding one unit each of a resource of two, with four jobs
+    and other tasks beside: never three at once, and two at once every time (the limit is
+    reached, so the check bites)."""
+    head = "resources: {disk-heavy: 2}"
+    plan = pdir.write(
+        sleepers(6, 0.3, ", resources: {disk-heavy: 1}", head)
+        + "  - {id: free1, kind: shell, params: {command: 'sleep 0.3'}}\n"
+        + "  - {id: free2, kind: shell, params: {command: 'sleep 0.3'}}\n"
+    )
+    for i in range(5):
+        args = ["run", plan, "--jobs", "4"] + (["--from", "s0"] if i else [])
+        r = run_orch(*args)
+        assert r.returncode == 0, r.stderr
+        found = spans(pdir)
+        heavy = [found[f"s{j}"] for j in range(6)]
+        assert most_at_once(heavy) == 2, heavy
+        assert most_at_once(list(found.values())) <= 4
+    r = run_orch("status", plan, "--json")
+    assert all(t["status"] == "completed" for t in json.loads(r.stdout)["tasks"])
+
+
+def test_a_task_waits_for_its_resource_and_the_board_says_for_what(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        resources: {{gpu-box: 1}}
+        tasks:
+          - id: hold
+            kind: shell
+            resources: {{gpu-box: 1}}
+            params: {{command: "until [ -e {pdir.root}/go ]; do sleep 0.05; done"}}
+          - {{id: next, kind: shell, resources: {{gpu-box: 1}}, params: {{command: "true"}}}}
+    """)
+    runner = start_orch("run", plan, "--jobs", "2")
+    try:
+        wait_for(
+            lambda: (
+                "waiting for gpu-box" in (pdir.todo("next")["reason"] or "")
+                if pdir.status_of("next")
+                else False
+            ),
+            what="next waiting",
+        )
+        assert pdir.todo("next")["reason"] == "waiting for gpu-box (1 of 1 held) by hold"
+        assert pdir.statuses() == {"hold": "in_progress", "next": "pending"}
+        board = run_orch("status", plan).stdout
+        assert "waiting for gpu-box (1 of 1 held) by hold" in board
+        (pdir.root / "go").touch()
+        runner.communicate(timeout=30)
+        assert runner.returncode == 0
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    assert spans(pdir)["next"][0] >= spans(pdir)["hold"][1]
+
+
+def test_resources_are_validated_with_the_plan(pdir: PlanDir) -> None:
+    plan = pdir.write("""
+        name: t
+        resources: {disk-heavy: 1}
+        tasks:
+          - {id: a, kind: shell, resources: {disk-hevy: 1}, params: {command: "true"}}
+          - {id: b, kind: shell, resources: {disk-heavy: 2}, params: {command: "true"}}
+    """)
+    r = run_orch("validate", plan)
+    assert r.returncode == 2
+    assert "plan.yaml:5: task 'a' holds unknown resource 'disk-hevy' (did you mean" in r.stderr
+    assert "plan.yaml:6: task 'b' holds 2 of 'disk-heavy', which has 1" in r.stderr
+    r = run_orch("run", plan, "--jobs", "0")
+    assert r.returncode == 2 and "--jobs" in r.stderr
+
+
+def test_a_failure_stops_new_starts_and_keep_going_runs_the_rest(pdir: PlanDir) -> None:
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: bad, kind: shell, params: {{command: "sleep 0.2; exit 3"}}}}
+          - {{id: busy, kind: shell, params: {{command: "sleep 1; echo busy >> {pdir.root}/ran"}}}}
+          - {{id: later, kind: shell, params: {{command: "echo later >> {pdir.root}/ran"}}}}
+          - {{id: after, kind: shell, needs: [bad], params: {{command: "true"}}}}
+    """)
+    r = run_orch("run", plan, "--jobs", "2")
+    assert r.returncode == 1
+    # busy was running when bad failed: it finished; later had not started: it waits.
+    assert pdir.statuses() == {
+        "bad": "failed",
+        "busy": "completed",
+        "later": "pending",
+        "after": "blocked",
+    }
+    assert run_orch("run", plan, "--jobs", "2", "--keep-going").returncode == 1
+    assert pdir.statuses()["later"] == "completed"
+    assert (pdir.root / "ran").read_text().split() == ["busy", "later"]
+
+
+def test_ctrl_c_ends_every_running_group(pdir: PlanDir) -> None:
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        + "".join(
+            f"  - {{id: s{i}, kind: shell, params: {{command: 'echo $$ >> {pdir.root}/pids; "
+            "exec sleep 300'}}\n"
+            for i in range(4)
+        )
+    )
+    runner = start_orch("run", plan, "--jobs", "3")
+    pids_file = pdir.root / "pids"
+    wait_for(
+        lambda: pids_file.exists() and len(pids_file.read_text().split()) == 3,
+        what="three tasks running",
+    )
+    runner.send_signal(signal.SIGINT)
+    runner.communicate(timeout=60)
+    assert runner.returncode == 130
+    statuses = pdir.statuses()
+    assert sorted(statuses.values()) == ["interrupted"] * 3 + ["pending"]
+    pids = [int(p) for p in pids_file.read_text().split()]
+    assert not [p for p in pids if pid_alive(p)]
+
+
+def test_sigkill_mid_parallel_run_resumes_with_nothing_run_twice(pdir: PlanDir) -> None:
+    """Tasks log each start; orch is SIGKILLed with two running and two done: the next run
+    ends the killed attempts' processes, runs those two again and the rest once, and no task
+    that completed ran again."""
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        + "".join(
+            f"  - {{id: s{i}, kind: shell, params: {{command: 'echo s{i} >> {pdir.root}/ran; "
+            f"echo $$ >> {pdir.root}/pids; [ -e {pdir.root}/fast ] || [ {i} -lt 2 ] "
+            "|| sleep 300'}}\n"
+            for i in range(6)
+        )
+    )
+    runner = start_orch("run", plan, "--jobs", "2")
+    wait_for(
+        lambda: (
+            sorted(pdir.statuses().values()).count("in_progress") == 2
+            and list(pdir.statuses().values()).count("completed") == 2
+            if pdir.store_path().exists() and pdir.status_of("s0")
+            else False
+        ),
+        what="two done, two running",
+    )
+    time.sleep(0.3)  # both have printed their pid
+    os.killpg(runner.pid, signal.SIGKILL)
+    runner.communicate(timeout=10)
+    killed = [int(p) for p in (pdir.root / "pids").read_text().split()][2:]
+    (pdir.root / "fast").touch()
+    r = run_orch("run", plan, "--jobs", "2")
+    assert r.returncode == 0, r.stderr
+    assert not [p for p in killed if pid_alive(p)]
+    ran = (pdir.root / "ran").read_text().split()
+    assert ran.count("s0") == ran.count("s1") == 1  # completed before the kill: not again
+    assert ran.count("s2") == ran.count("s3") == 2  # killed mid-way: run again
+    assert ran.count("s4") == ran.count("s5") == 1
+    assert set(pdir.statuses().values()) == {"completed"}
