@@ -20,6 +20,8 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from .task import Context as Context
     from .task import Duration as Duration
     from .task import NoParams as NoParams
+    from .task import Pool as Pool
+    from .task import PoolUnavailable as PoolUnavailable
     from .task import Precondition as Precondition
     from .task import Task as Task
 
@@ -30,6 +32,8 @@ _EXPORTS = {
     "Finding": "findings",
     "CheckResult": "task",
     "NoParams": "task",
+    "Pool": "task",
+    "PoolUnavailable": "task",
     "Duration": "task",
     "Argv": "task",
     "TaskError": "errors",

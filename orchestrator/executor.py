@@ -33,24 +33,25 @@ from . import redact, registry, runlog
 from .board import summarize
 from .confine import confine
 from .containment import jail
-from .errors import EXIT_FAILED, EXIT_OK, TaskError, TemplateError
+from .errors import EXIT_FAILED, EXIT_OK, TaskError, TaskTimeout, TemplateError
 from .findings import Finding, checked
 from .finished import DIGEST_KEY
 from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .process import INTERRUPTS, tail
-from .resources import release_all
+from .resources import LEASE_KIND, release_all
 from .selection import Action, Selection, decide
 from .snapshot import remember_stale
 from .status import Status
 from .store import Store, runs_dir
-from .task import Context
+from .task import Context, PoolUnavailable
 from .templating import Ref, bash_params, evaluate_when, resolve
 from .todos import added_tasks, todo_specs
 
 PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20
+NOT_HERE = "not on this host"  # a pool member asked for by id that the host does not have
 
 
 @dataclass
@@ -153,6 +154,8 @@ class Runner:
         self.started = 0  # tasks this run started (0: nothing to do, all was done)
         self.jobs = options.jobs or plan.jobs
         self.threads: dict[str, int] = {}  # task id -> the thread running it (--jobs)
+        self.leased: dict[tuple[str, str], str] = {}  # (pool, member) -> the task holding it
+        self.lease_lock = threading.Lock()
 
     def run(self) -> RunResult:
         after = self.selection.after  # a revived holder's releasers come after its users
@@ -219,7 +222,7 @@ class Runner:
                 while ready and len(running) < self.jobs:
                     item = heapq.heappop(ready)
                     task = self.plan.by_id[item[1]]
-                    want = task.spec.resources
+                    want = self.units(task)
                     if short := [
                         n for n, u in want.items() if held[n] + u > self.plan.resources[n]
                     ]:
@@ -235,7 +238,7 @@ class Runner:
                 done, _ = wait(running, timeout=0.5, return_when=FIRST_COMPLETED)
                 for future in done:
                     task = running.pop(future)
-                    held.subtract(task.spec.resources)
+                    held.subtract(self.units(task))
                     future.result()  # a bug or a storage fault in a task thread ends the run
                     sorter.done(task.id)
                     push(sorter.get_ready())
@@ -244,6 +247,101 @@ class Runner:
             raise
         finally:
             pool.shutdown(wait=True)
+
+    def units(self, task: PlannedTask) -> dict[str, int]:
+        """The plan's named resources the task holds (pools are leased by id: lease())."""
+        return {
+            n: u
+            for n, u in task.spec.resources.items()
+            if n in self.plan.resources and isinstance(u, int)  # validated: plan names are units
+        }
+
+    def lease(self, task: PlannedTask) -> dict[str, list[str]]:
+        """Members of the pools the task holds (`gpus: 2`): free now by the pool's look and
+        not leased to another task of this run; recorded in the store (`lease` resources, so
+        a dead run's are released by the next) before the task starts. Until they are free
+        the task waits, its reason saying for what, up to its timeout."""
+        wanted = {n: v for n, v in task.spec.resources.items() if n not in self.plan.resources}
+        if not wanted:
+            return {}
+        deadline = None if task.spec.timeout is None else time.monotonic() + task.spec.timeout
+        shown = None
+        while True:
+            with self.lease_lock:
+                granted, why = self.try_lease(wanted)
+                if never := [w for w in why if NOT_HERE in w]:
+                    raise TaskError("; ".join(never))
+                if not why:
+                    for name, ids in granted.items():
+                        for member in ids:
+                            self.leased[(name, member)] = task.id
+                            data = {"pool": name, "member": member}
+                            self.store.hold(
+                                f"{name}:{member}", task.id, LEASE_KIND, self.run_id, data
+                            )
+                    self.log.info(
+                        "task.leased", task=task.id, **{n: ",".join(i) for n, i in granted.items()}
+                    )
+                    return granted
+            text = "waiting for " + "; ".join(why)
+            if text != shown:
+                self.store.note_reason(task.id, text)
+                self.log.info("task.waiting", task=task.id, why=text)
+                shown = text
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TaskTimeout(f"timed out {text}")
+            nap(min(registry.resolve(n, registry.POOL_GROUP).every for n in wanted))
+
+    def try_lease(
+        self, wanted: dict[str, int | list[int | str]]
+    ) -> tuple[dict[str, list[str]], list[str]]:
+        granted: dict[str, list[str]] = {}
+        why: list[str] = []
+        for name, want in wanted.items():
+            try:
+                members = registry.resolve(name, registry.POOL_GROUP)().look()
+            except PoolUnavailable as exc:
+                why.append(f"{name}: {exc}")
+                continue
+            free = [
+                m for m, busy in members.items() if busy is None and (name, m) not in self.leased
+            ]
+            if isinstance(want, int):
+                if len(free) >= want:
+                    granted[name] = free[:want]
+                else:
+                    taken = [
+                        f"{m} ({members[m] or 'leased to ' + self.leased[(name, m)]})"
+                        for m in members
+                        if m not in free
+                    ]
+                    why.append(
+                        f"{want} {name} ({len(free)} free of {len(members)}: {'; '.join(taken)})"
+                    )
+                continue
+            asked = [str(m) for m in want]
+            if unknown := [m for m in asked if m not in members]:
+                why.append(
+                    f"{name} {', '.join(unknown)}: {NOT_HERE} "
+                    f"(it has {', '.join(members) or 'none'})"
+                )
+            elif held := [m for m in asked if m not in free]:
+                why.append(
+                    f"{name} "
+                    + "; ".join(
+                        f"{m}: {members[m] or 'leased to ' + self.leased[(name, m)]}" for m in held
+                    )
+                )
+            else:
+                granted[name] = asked
+        return granted, why
+
+    def unlease(self, task: PlannedTask, granted: dict[str, list[str]]) -> None:
+        with self.lease_lock:
+            for name, ids in granted.items():
+                for member in ids:
+                    self.leased.pop((name, member), None)
+                    self.store.release(f"{name}:{member}", task.id, f"{task.id} ended")
 
     def visit_in_thread(self, task: PlannedTask) -> None:
         self.threads[task.id] = threading.get_ident()
@@ -313,17 +411,30 @@ class Runner:
             return self.stop_after(task)
         if problem is not None:
             return self.settle(task, Status.BLOCKED, problem, last_error=problem)
-        for attempt in range(1, task.spec.retries.attempts + 1):
-            if self.attempt(task, attempt):
-                return
-            if attempt < task.spec.retries.attempts:
-                self.log.info(
-                    "task.retry", task=task.id, attempt=attempt + 1, delay=task.spec.retries.delay
-                )
-                nap(task.spec.retries.delay)
+        try:
+            granted = self.lease(task)
+        except TaskError as exc:  # timed out waiting, or asks for what the host has not
+            self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
+            return self.stop_after(task)
+        try:
+            for attempt in range(1, task.spec.retries.attempts + 1):
+                if self.attempt(task, attempt, granted):
+                    return
+                if attempt < task.spec.retries.attempts:
+                    self.log.info(
+                        "task.retry",
+                        task=task.id,
+                        attempt=attempt + 1,
+                        delay=task.spec.retries.delay,
+                    )
+                    nap(task.spec.retries.delay)
+        finally:
+            self.unlease(task, granted)
         self.stop_after(task)
 
-    def attempt(self, task: PlannedTask, attempt: int) -> bool:
+    def attempt(
+        self, task: PlannedTask, attempt: int, granted: dict[str, list[str]] | None = None
+    ) -> bool:
         """One try; True if it completed."""
         findings: list[Finding] = []
         log_path = self.log_dir / f"{task.id}.log"
@@ -359,7 +470,14 @@ class Runner:
             log_path,
             None if timeout is None else time.monotonic() + timeout,
             _Sink(self, task.id, findings),
-            {PROCESS_MARKER: self.marker(self.run_id, task.id, number)},
+            {
+                **{
+                    k: v
+                    for name, ids in (granted or {}).items()
+                    for k, v in registry.resolve(name, registry.POOL_GROUP)().env(ids).items()
+                },
+                PROCESS_MARKER: self.marker(self.run_id, task.id, number),
+            },
         )
         try:
             task.cls(params).run(ctx)

@@ -65,7 +65,11 @@ class TaskSpec(BaseModel):
     )
     # What it holds while it runs, of the plan's `resources` (name -> units): with --jobs, a
     # task starts only when its units are free. Scheduling only: not in the spec hash.
-    resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
+    # Or of a pool the host has by id (`gpus: 2`, `gpus: [0, 1]`: registry.POOL_GROUP).
+    resources: dict[
+        Annotated[str, Field(pattern=ID_PATTERN)],
+        Annotated[int, Field(ge=1)] | Annotated[list[int | str], Field(min_length=1)],
+    ] = {}
 
 
 class CheckSpec(BaseModel):
@@ -273,16 +277,23 @@ def _load_plan(
         for name, units in spec.resources.items():
             have = header.resources.get(name) if header else None
             where_r: Path_ = ("tasks", i, "resources", name)
-            if have is None:
+            if have is None and _is_pool(name):
+                continue
+            if have is not None and not isinstance(units, int):
+                issues.append(
+                    src.issue(where_r, f"task {spec.id!r}: {name!r} is held by units (a number)")
+                )
+            elif have is None:
                 known = header.resources if header else {}
                 issues.append(
                     src.issue(
                         where_r,
                         f"task {spec.id!r} holds unknown resource {name!r}"
-                        f"{suggest(name, known)}: declare it under `resources:`",
+                        f"{suggest(name, [*known, *registry.known_kinds(registry.POOL_GROUP)])}"
+                        ": declare it under `resources:`",
                     )
                 )
-            elif units > have:
+            elif isinstance(units, int) and units > have:
                 issues.append(
                     src.issue(
                         where_r,
@@ -372,6 +383,14 @@ def _declared_vars(
         if secret is True:
             secrets.add(name)
     return values, frozenset(secrets)
+
+
+def _is_pool(name: str) -> bool:
+    try:
+        registry.resolve(name, registry.POOL_GROUP)
+    except registry.UnknownKind:
+        return False
+    return True
 
 
 def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .errors import did_you_mean
-from .task import Precondition, Task
+from .task import Pool, Precondition, Task
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
 TASK_GROUP = "orch.tasks"
 PRECONDITION_GROUP = "orch.preconditions"
+POOL_GROUP = "orch.pools"  # resources by id that tasks hold (GPUs): `resources: {gpus: 2}`
 
 _BUILTINS: dict[str, dict[str, str]] = {
     TASK_GROUP: {
@@ -35,8 +36,14 @@ _BUILTINS: dict[str, dict[str, str]] = {
     PRECONDITION_GROUP: {
         "command": "orchestrator.builtins:CommandSucceeds",
     },
+    POOL_GROUP: {},
 }
-_BASES: dict[str, type[Any]] = {TASK_GROUP: Task, PRECONDITION_GROUP: Precondition}
+_BASES: dict[str, type[Any]] = {
+    TASK_GROUP: Task,
+    PRECONDITION_GROUP: Precondition,
+    POOL_GROUP: Pool,
+}
+_NOUNS = {TASK_GROUP: "task kind", PRECONDITION_GROUP: "precondition kind", POOL_GROUP: "pool"}
 
 
 class UnknownKind(LookupError):
@@ -57,7 +64,7 @@ def known_kinds(group: str = TASK_GROUP) -> list[str]:
 @cache
 def resolve(kind: str, group: str = TASK_GROUP) -> type[Any]:
     """The class for `kind`; UnknownKind with a helpful sentence otherwise."""
-    noun = "task kind" if group == TASK_GROUP else "precondition kind"
+    noun = _NOUNS[group]
     if kind in _BUILTINS[group]:
         cls = _import(_BUILTINS[group][kind])
     elif kind in _entry_points(group):

@@ -22,11 +22,16 @@ from typing import Any
 from .registry import resolve
 from .store import Store
 
+LEASE_KIND = "lease"  # a resources row for a pool member (a GPU) leased to a task
+
 
 def release_all(store: Store, log: Any, why: str) -> None:
     """End every resource still held, through its kind; one that fails stays held (and is
     tried again next run), the others are still ended."""
     for row in store.held():
+        if row["kind"] == LEASE_KIND:  # a pool member a task held: nothing runs to be ended
+            store.release(row["name"], None, why)
+            continue
         try:
             done = resolve(row["kind"]).release(json.loads(row["data"]))
         except Exception as exc:  # a kind's bug must not keep the rest running

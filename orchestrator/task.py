@@ -228,3 +228,25 @@ class Precondition(Generic[P]):
 
     def check(self) -> CheckResult:
         raise NotImplementedError
+
+
+class PoolUnavailable(Exception):
+    """A pool cannot say which of its members are free now (no NVML, say): the message says
+    why; a task waiting on it waits, with this reason on the board."""
+
+
+class Pool:
+    """Resources the host has by id, that a task holds while it runs (`resources: {gpus: 2}`
+    or `{gpus: [0, 1]}`): the engine leases ids that `look` says are free and that no other
+    task of the run holds, records the lease in the store, and hands the task `env(ids)`."""
+
+    every: ClassVar[float] = 2.0  # seconds between looks while a task waits for members
+
+    def look(self) -> dict[str, str | None]:
+        """Every member by id, in the order to lease them: None if free now, else what holds
+        it (`GPU 3 holds 71.2 GiB: pid 4121 ...`). PoolUnavailable if it cannot tell."""
+        raise NotImplementedError
+
+    def env(self, ids: Sequence[str]) -> dict[str, str]:
+        """What the processes of a task holding `ids` are told (CUDA_VISIBLE_DEVICES)."""
+        return {}

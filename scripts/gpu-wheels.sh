@@ -15,7 +15,10 @@ py=${PYTHON:-python3}
 names=(pydantic pydantic-core annotated-types typing-inspection typing-extensions
        structlog sqlite-utils sqlite-fts4 click-default-group click nvidia-ml-py packaging
        aiohttp aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl idna
-       prometheus-client)
+       prometheus-client
+       mcp mcp-types anyio h11 httpcore2 httpx2 truststore jsonschema jsonschema-specifications
+       referencing rpds-py opentelemetry-api pyjwt python-multipart sse-starlette starlette
+       uvicorn)
 read -r -a pins < <("$py" -c '
 import importlib.metadata as md, sys
 print(" ".join(f"{n}=={md.version(n)}" for n in sys.argv[1:]))' "${names[@]}")

@@ -13,7 +13,16 @@ from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
-from orchestrator import CheckResult, Context, Duration, Precondition, Task, TaskError
+from orchestrator import (
+    CheckResult,
+    Context,
+    Duration,
+    Pool,
+    PoolUnavailable,
+    Precondition,
+    Task,
+    TaskError,
+)
 from orchestrator.process import is_alive, terminate_pids
 from probes.nvml import Gpu, GpuProcess, Nvml, NvmlUnavailable, open_nvml
 from tasks.host import format_size
@@ -335,3 +344,59 @@ def _may_signal(pid: int) -> bool:
     except ProcessLookupError:
         return True  # gone already; terminate_pids copes
     return True
+
+
+LEASE_MAX_USED_MIB = 1024  # a GPU holding more than this (or any compute process) is not free
+
+
+class GpuPool(Pool):
+    """`resources: {gpus: 4}` (any four free GPUs) or `{gpus: [0, 1]}` (those): a GPU is free
+    when NVML shows no compute process on it and at most 1 GiB used; the task's processes get
+    CUDA_VISIBLE_DEVICES with the leased NVML indices (and CUDA_DEVICE_ORDER=PCI_BUS_ID, so
+    CUDA numbers the GPUs as NVML does)."""
+
+    every = 2.0
+
+    def look(self) -> dict[str, str | None]:
+        if recorded := os.environ.get(RECORDED_STATE):
+            return free_gpus(recorded_gpus(recorded))
+        snap = _once(lambda nvml: nvml.snapshot())
+        if isinstance(snap, NvmlUnavailable):
+            raise PoolUnavailable(str(snap))
+        return free_gpus(snap.gpus)
+
+    def env(self, ids: Sequence[str]) -> dict[str, str]:
+        return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(ids)}
+
+
+# A recorded NVML state (JSON) the pool reads instead of NVML: how the lease logic of an 8-GPU
+# host is tested on machines without one (the real NVML path runs in tests/test_gpu.py).
+RECORDED_STATE = "ORCH_GPU_STATE"
+
+
+def recorded_gpus(path: str) -> list[Gpu]:
+    """`[{"index": 0, "used_mib": 512, "pids": [4121]}, ...]`, read at every look (a test
+    changes it while a run waits)."""
+    import json
+
+    with open(path) as f:
+        rows = json.load(f)
+    return [
+        Gpu(
+            index=r["index"],
+            uuid=f"GPU-recorded-{r['index']}",
+            name=r.get("name", "recorded"),
+            used_bytes=int(r.get("used_mib", 0) * MIB),
+            total_bytes=int(r.get("total_mib", 143771) * MIB),
+            processes=tuple(GpuProcess(pid, None, None) for pid in r.get("pids", [])),
+        )
+        for r in rows
+    ]
+
+
+def free_gpus(gpus: Sequence[Gpu]) -> dict[str, str | None]:
+    """Each GPU by index: None if it can be leased, else what holds it."""
+    return {
+        str(g.index): busy(g, LEASE_MAX_USED_MIB * MIB, no_processes=True)
+        for g in sorted(gpus, key=lambda g: g.index)
+    }

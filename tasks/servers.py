@@ -505,7 +505,7 @@ class ServerLaunch(Task[LaunchParams]):
     Params = LaunchParams
 
     def run(self, ctx: Context) -> None:
-        p = self.params
+        p = with_leased_gpus(self.params, ctx)
         name = p.name or ctx.task_id
         if taken := listeners(p.port):
             who = taken[0].process
@@ -605,3 +605,21 @@ class ServerStop(Task[StopParams]):
         ctx.log(done)
         ctx.finding("stopped", True, note=done)
         ctx.finding("stop_took", round(time.monotonic() - started, 2), "s")
+
+
+def with_leased_gpus(p: LaunchParams, ctx: Context) -> LaunchParams:
+    """The GPUs the task holds (`resources: {gpus: N}`) are the server's: its environment
+    gets their CUDA_VISIBLE_DEVICES (the server runs outside the task's process group, so it
+    is passed on here), and a tensor-parallel size they cannot hold is refused before a model
+    is loaded for minutes."""
+    visible = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        return p
+    devices = [d for d in visible.split(",") if d]
+    if p.tensor_parallel > len(devices):
+        raise TaskError(
+            f"tensor_parallel {p.tensor_parallel} needs {p.tensor_parallel} GPUs; the task "
+            f"holds {len(devices)} ({visible}): hold `resources: {{gpus: {p.tensor_parallel}}}`"
+        )
+    leased = {k: v for k, v in ctx.env.items() if k.startswith("CUDA_")}
+    return p.model_copy(update={"env": {**leased, **p.env}})

@@ -578,3 +578,62 @@ def test_launch_shows_gpu_memory_growing_while_the_server_loads(
         return after.gpus[0].used_bytes < GIB and not after.gpus[0].processes
 
     wait_for(freed, timeout=10, what=f"GPU {idle_gpu.index} freed after server.stop")
+
+
+@pytest.mark.gpu
+@with_gpu
+def test_gpu_leases_on_the_real_gpu(pdir: PlanDir, idle_gpu: Gpu) -> None:
+    """The real NVML path of `resources: {gpus: ...}`: while a torch process holds the GPU a
+    task asking for it waits, the board naming the holder; once it exits, two tasks asking
+    for that one GPU with --jobs 2 run one after the other (the second waits for the first's
+    lease), each seeing CUDA_VISIBLE_DEVICES name it, and a torch process in the task sees
+    exactly that GPU."""
+    probe = (
+        "import os, torch; print('::finding devices=' + str(torch.cuda.device_count())"
+        " + ' note=' + os.environ['CUDA_VISIBLE_DEVICES'])"
+    )
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: first
+            kind: shell
+            resources: {{gpus: [{idle_gpu.index}]}}
+            params: {{command: ["{sys.executable}", "-c", "{probe}"]}}
+          - id: second
+            kind: shell
+            resources: {{gpus: [{idle_gpu.index}]}}
+            params: {{command: "echo ::finding seen=$CUDA_VISIBLE_DEVICES; sleep 1"}}
+    """)
+    with Holder(idle_gpu, 2048).ready() as h:
+        orch = start_orch("run", plan, "--jobs", "2")
+        try:
+            wait_for(
+                lambda: (
+                    f"GPU {idle_gpu.index} holds" in (pdir.todo("first")["reason"] or "")
+                    if pdir.status_of("first")
+                    else False
+                ),
+                timeout=60,
+                what="first waiting for the held GPU",
+            )
+            assert f"pid {h.pid}" in pdir.todo("first")["reason"]
+            h.stop()
+            out, err = orch.communicate(timeout=120)
+            assert orch.returncode == 0, err[-3000:]
+        finally:
+            if orch.poll() is None:
+                orch.kill()
+                orch.communicate()
+    first, second = _findings(pdir, plan, "first"), _findings(pdir, plan, "second")
+    assert first["devices"] == 1 and second["seen"] == idle_gpu.index
+    with pdir.db() as db:
+        at = dict(
+            db.execute(
+                "SELECT task_id || ':' || to_status, at FROM transitions"
+                " WHERE to_status IN ('in_progress', 'completed')"
+            ).fetchall()
+        )
+    # One GPU, two tasks: never at once, whichever went first.
+    assert at["second:in_progress"] >= at["first:completed"] or (
+        at["first:in_progress"] >= at["second:completed"]
+    )

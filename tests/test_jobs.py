@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
+from pathlib import Path
 
-from conftest import PlanDir, pid_alive, run_orch, start_orch, wait_for
+from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
 
 
 def spans(pdir: PlanDir, run: int | None = None) -> dict[str, tuple[float, float]]:
@@ -219,3 +221,85 @@ def test_sigkill_mid_parallel_run_resumes_with_nothing_run_twice(pdir: PlanDir) 
     assert ran.count("s2") == ran.count("s3") == 2  # killed mid-way: run again
     assert ran.count("s4") == ran.count("s5") == 1
     assert set(pdir.statuses().values()) == {"completed"}
+
+
+# --- GPU leases, on a recorded 8-GPU host (the real NVML path: tests/test_gpu.py) ------------
+
+
+def eight_gpus(path: Path, busy: dict[int, dict[str, object]] | None = None) -> Path:
+    rows = [{"index": i, "used_mib": 300, **(busy or {}).get(i, {})} for i in range(8)]
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def test_gpu_leases_on_a_recorded_eight_gpu_host(pdir: PlanDir) -> None:
+    """GPUs 2 and 5 are busy (a process; 70 GiB used). Three tasks at once: `gpus: 4` gets the
+    first four free, `[6, 7]` those, and `gpus: 1` waits (all six free ones are leased) until
+    one is released; each sees its GPUs in CUDA_VISIBLE_DEVICES; the leases are in the store,
+    released when the tasks end."""
+    state = eight_gpus(pdir.root / "gpus.json", {2: {"pids": [4121]}, 5: {"used_mib": 71_000}})
+    seen = pdir.root / "seen"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: four, kind: shell, resources: {{gpus: 4}},
+             params: {{command: "echo four=$CUDA_VISIBLE_DEVICES >> {seen}; sleep 1"}}}}
+          - {{id: pinned, kind: shell, resources: {{gpus: [6, 7]}},
+             params: {{command: "echo pinned=$CUDA_VISIBLE_DEVICES >> {seen}; sleep 1"}}}}
+          - {{id: one, kind: shell, resources: {{gpus: 1}},
+             params: {{command: "echo one=$CUDA_VISIBLE_DEVICES >> {seen}"}}}}
+    """)
+    r = run_orch("run", plan, "--jobs", "3", env={"ORCH_GPU_STATE": str(state)})
+    assert r.returncode == 0, r.stderr
+    got = dict(line.split("=") for line in seen.read_text().split())
+    assert got["four"] == "0,1,3,4" and got["pinned"] == "6,7", got
+    assert got["one"] in ("0", "1", "3", "4", "6", "7"), got
+    found = spans(pdir)
+    assert found["one"][0] >= min(found["four"][1], found["pinned"][1])  # it waited
+    with pdir.db() as db:
+        leases = db.execute(
+            "SELECT name, task_id, released_at IS NOT NULL FROM resources WHERE kind='lease'"
+        ).fetchall()
+    # One row per GPU, its latest holder: none for the busy two, every lease released.
+    assert sorted(n for n, _, _ in leases) == [f"gpus:{i}" for i in (0, 1, 3, 4, 6, 7)]
+    assert {t for _, t, _ in leases} <= {"four", "pinned", "one"} and "pinned" in {
+        t for _, t, _ in leases
+    }
+    assert all(done for _, _, done in leases)
+
+
+def test_a_task_waits_for_a_busy_gpu_and_says_what_holds_it(pdir: PlanDir) -> None:
+    state = eight_gpus(pdir.root / "gpus.json", {0: {"pids": [4121], "used_mib": 70_000}})
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: g0, kind: shell, resources: {{gpus: [0]}},
+             params: {{command: "echo $CUDA_VISIBLE_DEVICES > {pdir.root}/g0"}}}}
+          - {{id: g9, kind: shell, resources: {{gpus: [9]}}, params: {{command: "true"}}}}
+    """)
+    proc = subprocess.Popen(
+        [ORCH, "run", str(plan), "--keep-going"],
+        env={**os.environ, "ORCH_GPU_STATE": str(state), "NO_COLOR": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        wait_for(
+            lambda: (
+                "waiting for gpus 0: GPU 0 holds" in (pdir.todo("g0")["reason"] or "")
+                if pdir.status_of("g0")
+                else False
+            ),
+            what="g0 waiting for GPU 0",
+        )
+        assert pdir.statuses()["g0"] == "pending"
+        eight_gpus(state)  # the holder went away
+        proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert (pdir.root / "g0").read_text().strip() == "0"
+    assert pdir.statuses()["g9"] == "failed"  # no GPU 9 here: failed at once, not waited for
+    assert "gpus 9: not on this host (it has 0, 1, 2, 3, 4, 5, 6, 7)" in pdir.todo("g9")["reason"]
