@@ -263,6 +263,7 @@ def _load_plan(
                 )
             else:
                 raw_ids[raw_id] = i
+        raw = _resources_from_vars(raw, variables)
         try:
             specs.append((i, TaskSpec.model_validate(raw)))
         except ValidationError as exc:
@@ -383,6 +384,22 @@ def _declared_vars(
         if secret is True:
             secrets.add(name)
     return values, frozenset(secrets)
+
+
+_VAR_ONLY = re.compile(r"\$\{vars\.([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _resources_from_vars(raw: Any, variables: dict[str, Any]) -> Any:
+    """`resources: {gpus: "${vars.tp}"}`: a resource's units may be one var, known at load
+    (a finding is not: what a task holds is decided before it starts)."""
+    held = raw.get("resources") if isinstance(raw, dict) else None
+    if not isinstance(held, dict):
+        return raw
+    out = {}
+    for name, units in held.items():
+        m = _VAR_ONLY.fullmatch(units) if isinstance(units, str) else None
+        out[name] = variables[m.group(1)] if m and m.group(1) in variables else units
+    return {**raw, "resources": out}
 
 
 def _is_pool(name: str) -> bool:

@@ -18,7 +18,7 @@ names=(pydantic pydantic-core annotated-types typing-inspection typing-extension
        prometheus-client
        mcp mcp-types anyio h11 httpcore2 httpx2 truststore jsonschema jsonschema-specifications
        referencing rpds-py opentelemetry-api pyjwt python-multipart sse-starlette starlette
-       uvicorn)
+       uvicorn cryptography cffi pycparser)
 read -r -a pins < <("$py" -c '
 import importlib.metadata as md, sys
 print(" ".join(f"{n}=={md.version(n)}" for n in sys.argv[1:]))' "${names[@]}")

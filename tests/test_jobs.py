@@ -136,6 +136,17 @@ def test_resources_are_validated_with_the_plan(pdir: PlanDir) -> None:
     assert "plan.yaml:6: task 'b' holds 2 of 'disk-heavy', which has 1" in r.stderr
     r = run_orch("run", plan, "--jobs", "0")
     assert r.returncode == 2 and "--jobs" in r.stderr
+    # Units may come from a var (known at load), as the flagship's `gpus: "${vars.tp}"`.
+    plan = pdir.write("""
+        name: t
+        vars: {n: 2}
+        resources: {disk-heavy: 1}
+        tasks:
+          - {id: a, kind: shell, resources: {disk-heavy: "${vars.n}"}, params: {command: "true"}}
+    """)
+    r = run_orch("validate", plan)
+    assert r.returncode == 2 and "task 'a' holds 2 of 'disk-heavy', which has 1" in r.stderr
+    assert run_orch("validate", plan, "--var", "n=1").returncode == 0
 
 
 def test_a_failure_stops_new_starts_and_keep_going_runs_the_rest(pdir: PlanDir) -> None:
