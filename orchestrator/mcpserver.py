@@ -152,12 +152,14 @@ def build(
         from_task: str | None = None,
         rerun: list[str] | None = None,
         keep_going: bool = False,
+        jobs: Annotated[int, Field(ge=1, le=64)] | None = None,
     ) -> dict[str, Any]:
         """Run the plan: every task not yet completed, in dependency order, resuming after
         what completed. `only`: just these tasks (their needs must be completed); `rerun`:
         these and what depends on them, even if completed; `from_task`: that task and every
-        later one. Progress is reported as tasks start and finish; returns the exit code, the
-        outcome and the board. Refused while another run holds the store."""
+        later one; `jobs`: up to that many ready tasks at once (default: the plan's). Progress
+        is reported as tasks start and finish; returns the exit code, the outcome and the
+        board. Refused while another run holds the store."""
         current_plan()
         lock = RunLock(store_path)
         if store_path.exists() and not lock.try_probe():
@@ -170,6 +172,7 @@ def build(
         argv += [f"--only={t}" for t in only or ()] + [f"--rerun={t}" for t in rerun or ()]
         argv += [f"--from={from_task}"] if from_task else []
         argv += ["--keep-going"] if keep_going else []
+        argv += [f"--jobs={jobs}"] if jobs else []
         return await _run_with_progress(argv, store_path, ctx)
 
     @app.tool()

@@ -90,7 +90,7 @@ def test_an_agent_reads_runs_extends_and_records_and_a_person_sees_it(pdir: Plan
                 "params": {"command": "echo ::finding cold_mb_s=900 unit=MB/s note='cold'"},
             })  # fmt: skip
             assert (added["origin"], added["status"]) == ("agent", "pending")
-            ran = await call(s, "run", {"only": ["recheck"]})
+            ran = await call(s, "run", {"only": ["recheck"], "jobs": 2})
             assert ran["exit_code"] == 0
             task = await call(s, "task", {"id": "recheck", "log_lines": 5})
             assert task["status"] == "completed" and task["findings"][0]["value"] == 900
