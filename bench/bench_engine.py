@@ -242,36 +242,23 @@ def doit_rows(
             strict=True,
         )
     )
+
+    def pair(label: str, doit_label: str, orch_label: str, figures: dict[str, float], unit: str,
+             target: str) -> list[Row]:  # fmt: skip
+        return [
+            Row("vs doit", doit_label, figures["doit"] * ms, unit),
+            Row("vs doit", orch_label, figures["orch"] * ms, unit),
+            Row("vs doit", f"  ratio orch/doit, {label}", figures["orch"] / figures["doit"], "x",
+                target=target),
+        ]  # fmt: skip
+
     return [
-        Row(
-            "vs doit",
-            f"doit {DOIT_VERSION} run - python -c pass, chain of {n}",
-            per["doit"] * ms,
-            "ms/task",
-        ),
-        Row("vs doit", f"orch run - python -c pass, chain of {n}", per["orch"] * ms, "ms/task"),
-        Row(
-            "vs doit", "  ratio orch/doit, per task", per["orch"] / per["doit"], "x", target="≤1.5"
-        ),
-        Row("vs doit", "doit run, everything up to date", rerun["doit"] * ms, "ms"),
-        Row("vs doit", "orch run, finished plan unchanged", rerun["orch"] * ms, "ms"),
-        Row(
-            "vs doit",
-            "  ratio orch/doit, re-run",
-            rerun["orch"] / rerun["doit"],
-            "x",
-            target="≤0.5",
-        ),
-        Row("vs doit", "doit list --all --status", listing["doit"] * ms, "ms"),
-        Row("vs doit", "orch status PLAN", listing["orch"] * ms, "ms"),
-        Row(
-            "vs doit",
-            "  ratio orch/doit, status",
-            listing["orch"] / listing["doit"],
-            "x",
-            target="≤1.0",
-        ),
-    ]
+        *pair("per task", f"doit {DOIT_VERSION} run - python -c pass, chain of {n}",
+              f"orch run - python -c pass, chain of {n}", per, "ms/task", "≤1.5"),
+        *pair("re-run", "doit run, everything up to date", "orch run, finished plan unchanged",
+              rerun, "ms", "≤0.5"),
+        *pair("status", "doit list --all --status", "orch status PLAN", listing, "ms", "≤1.0"),
+    ]  # fmt: skip
 
 
 def compile_sources() -> None:

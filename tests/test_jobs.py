@@ -29,6 +29,14 @@ def spans(pdir: PlanDir, run: int | None = None) -> dict[str, tuple[float, float
     return out
 
 
+def wait_reason(pdir: PlanDir, task: str, text: str) -> None:
+    """Until the board's reason for `task` says `text` (it waits for something)."""
+    wait_for(
+        lambda: text in (pdir.todo(task)["reason"] or "") if pdir.status_of(task) else False,
+        what=f"{task} saying {text!r}",
+    )
+
+
 def most_at_once(intervals: list[tuple[float, float]]) -> int:
     edges = sorted([(s, 1) for s, _ in intervals] + [(e, -1) for _, e in intervals])
     now = peak = 0
@@ -100,14 +108,7 @@ def test_a_task_waits_for_its_resource_and_the_board_says_for_what(pdir: PlanDir
     """)
     runner = start_orch("run", plan, "--jobs", "2")
     try:
-        wait_for(
-            lambda: (
-                "waiting for gpu-box" in (pdir.todo("next")["reason"] or "")
-                if pdir.status_of("next")
-                else False
-            ),
-            what="next waiting",
-        )
+        wait_reason(pdir, "next", "waiting for gpu-box")
         assert pdir.todo("next")["reason"] == "waiting for gpu-box (1 of 1 held) by hold"
         assert pdir.statuses() == {"hold": "in_progress", "next": "pending"}
         board = run_orch("status", plan).stdout
@@ -296,14 +297,7 @@ def test_a_task_waits_for_a_busy_gpu_and_says_what_holds_it(pdir: PlanDir) -> No
         text=True,
     )
     try:
-        wait_for(
-            lambda: (
-                "waiting for gpus 0: GPU 0 holds" in (pdir.todo("g0")["reason"] or "")
-                if pdir.status_of("g0")
-                else False
-            ),
-            what="g0 waiting for GPU 0",
-        )
+        wait_reason(pdir, "g0", "waiting for gpus 0: GPU 0 holds")
         assert pdir.statuses()["g0"] == "pending"
         eight_gpus(state)  # the holder went away
         proc.communicate(timeout=30)
