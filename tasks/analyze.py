@@ -235,6 +235,9 @@ class Level(BaseModel):
     errors: int | None = None
     first_error: str | None = None
     unobserved: int | None = Field(None, description="answers whose tokens came in one read")
+    timing_unobserved: int | None = Field(
+        None, ge=0, description="windows kept for throughput only: their token timing not seen"
+    )
     duration_s: float | None = None
     input_tokens: int | None = None
     output_tokens: int | None = None
