@@ -149,7 +149,7 @@ def test_tokens_all_sent_at_once_are_measured_again_then_kept_without_token_timi
     other = PlanDir(pdir.root / "errors")
     other.root.mkdir()
     plan = other.write(
-        bench_plan(f"--burst --fail-streams \"{failing}\"", min_windows=1, max_windows=2)
+        bench_plan(f'--burst --fail-streams "{failing}"', min_windows=1, max_windows=2)
     )
     r = run_orch("run", plan, cwd=other.root)
     assert r.returncode == 1, r.stderr
