@@ -854,8 +854,8 @@ def todo_add(
         store.close()
     what = (
         f"a {definition['kind']} task: `orch run` runs it"
-        if kind or "kind" in definition
-        else ("a todo: set its status with `orch todo set`")
+        if "kind" in definition  # --kind sets it; --yaml may
+        else "a todo: set its status with `orch todo set`"
     )
     click.echo(f"added {task_id} ({what})")
 

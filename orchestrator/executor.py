@@ -155,6 +155,7 @@ class Runner:
         self.jobs = options.jobs or plan.jobs
         self.threads: dict[str, int] = {}  # task id -> the thread running it (--jobs)
         self.leased: dict[tuple[str, str], str] = {}  # (pool, member) -> the task holding it
+        self.waiting: dict[str, str] = {}  # task id -> the waiting reason last written
         self.lease_lock = threading.Lock()
 
     def run(self) -> RunResult:
@@ -360,8 +361,8 @@ class Runner:
             + ", ".join(f"{n} ({held[n]} of {self.plan.resources[n]} held)" for n in short)
             + (f" by {', '.join(holders)}" if holders else "")
         )
-        row = self.store.todo(task.id)
-        if row is not None and row["reason"] != why:
+        if self.waiting.get(task.id) != why:  # written once per change, not every look
+            self.waiting[task.id] = why
             self.store.note_reason(task.id, why)
 
     def stop_threads(self, running: dict[Future[None], PlannedTask]) -> None:

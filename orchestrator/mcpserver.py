@@ -28,7 +28,7 @@ from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from pydantic import BaseModel, Field
 
 from . import todos as todo_board
-from .errors import OrchError, PlanError
+from .errors import OrchError, PlanError, did_you_mean
 from .events import Cursor, read
 from .findings import FindingValue
 from .lock import RunLock
@@ -116,13 +116,7 @@ def build(
     ) -> dict[str, Any]:
         """One task in full: its board entry, every status transition (the attempts and their
         reasons), and the last `log_lines` lines of its latest log."""
-        snapshot = board_now()
-        entry = next((t for t in snapshot["tasks"] if t["id"] == id), None)
-        if entry is None:
-            ids = [t["id"] for t in snapshot["tasks"]]
-            from .errors import did_you_mean
-
-            raise ToolError(f"no task {id!r} on the board{did_you_mean(id, ids)}")
+        entry = entry_of(id)
         store = open_store()
         try:
             transitions = [
@@ -226,7 +220,7 @@ def build(
             guarded(lambda: todo_board.add(served, store, definition, AUTHOR))
         finally:
             store.close()
-        return next(t for t in board_now()["tasks"] if t["id"] == id)
+        return entry_of(id)
 
     @app.tool()
     def set_todo_status(
@@ -241,7 +235,7 @@ def build(
             guarded(lambda: store.set_todo(id, todo_board.status_of(status), note, AUTHOR))
         finally:
             store.close()
-        return next(t for t in board_now()["tasks"] if t["id"] == id)
+        return entry_of(id)
 
     @app.tool()
     def remove_task(id: str) -> str:
@@ -292,7 +286,7 @@ def build(
     @app.resource("orch://tasks/{task_id}/log", mime_type="text/plain")
     def log_resource(task_id: str) -> str:
         """The latest log of a task (its end, up to 256 KiB)."""
-        entry = _entry(task_id)
+        entry = entry_of(task_id, ResourceNotFoundError)
         if not entry["log_path"]:
             return f"{task_id} has not run yet: no log"
         with open(entry["log_path"], "rb") as f:
@@ -307,7 +301,7 @@ def build(
         from .findings import Finding
         from .report import kind_sections
 
-        entry = _entry(task_id)
+        entry = entry_of(task_id, ResourceNotFoundError)
         lines = [f"# {entry['title']} ({task_id}, {entry['kind'] or 'todo'}): {entry['status']}"]
         found = [Finding(**f) for f in entry["findings"]]
         lines += [
@@ -324,12 +318,13 @@ def build(
             lines += [f"(figure: {fig.title})" for fig in section.figures]
         return "\n".join(lines)
 
-    def _entry(task_id: str) -> dict[str, Any]:
-        entry: dict[str, Any] | None = next(
-            (t for t in board_now()["tasks"] if t["id"] == task_id), None
-        )
+    def entry_of(task_id: str, missing: type[Exception] = ToolError) -> dict[str, Any]:
+        """The task's board entry; `missing` (with a did-you-mean) if it is not on the board."""
+        tasks = board_now()["tasks"]
+        entry: dict[str, Any] | None = next((t for t in tasks if t["id"] == task_id), None)
         if entry is None:
-            raise ResourceNotFoundError(f"no task {task_id!r} on the board")
+            known = [t["id"] for t in tasks]
+            raise missing(f"no task {task_id!r} on the board{did_you_mean(task_id, known)}")
         return entry
 
     return app
@@ -384,6 +379,8 @@ async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dic
                     process.kill()
                     await process.wait()
         raise
+    finally:
+        progress.close()
     code = process.returncode
     stderr = outputs.get("stderr", b"").decode("utf-8", "replace").strip()
     if code in (2, 3):  # a bad plan or selection, the store in use: nothing ran
@@ -402,26 +399,30 @@ async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dic
 
 
 class _Progress:
-    """A run's events as progress: (line, tasks in all, tasks done after that event)."""
+    """A run's events as progress: (line, tasks in all, tasks done after that event). One read
+    connection for the whole run, opened once the store exists (the run may create it)."""
 
     def __init__(self, store_path: Path) -> None:
         self.store_path, self.cursor, self.done = store_path, Cursor(), set[str]()
+        self.store: Store | None = None
         self._look(first=True)  # what came before the run is not its progress
 
     def read(self) -> list[tuple[str, int, int]]:
         return self._look(first=False)
 
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+
     def _look(self, first: bool) -> list[tuple[str, int, int]]:
         from .events import format_event
 
-        if not self.store_path.exists():
-            return []
-        store = Store.open(self.store_path, create=False)
-        try:
-            events = read(store, self.cursor)
-            rows = store.todos()
-        finally:
-            store.close()
+        if self.store is None:
+            if not self.store_path.exists():
+                return []
+            self.store = Store.open(self.store_path, create=False)
+        events = read(self.store, self.cursor)
+        rows = self.store.todos()
         if first:
             self.done = {r["id"] for r in rows if r["kind"] and Status(r["status"]).done}
             return []

@@ -18,8 +18,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from .errors import UsageError
@@ -71,17 +70,6 @@ def ensure_plan(plan: Plan, store: Store) -> None:
     if RunLock(store.path).try_probe():
         store.bind_plan(plan.name)
         store.sync_plan(todo_specs(with_added(plan, added_tasks(store))), None)
-
-
-def plan_of(plan: Plan, store_path: Path) -> Plan:
-    """`plan` with the tasks added to its store (none while the store does not exist)."""
-    if not store_path.exists():
-        return plan
-    store = Store.open(store_path, create=False)
-    try:
-        return with_added(plan, added_tasks(store))
-    finally:
-        store.close()
 
 
 def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) -> str:
@@ -187,12 +175,7 @@ class Merge:
     differs: list[dict[str, Any]] = field(default_factory=list)  # the list vs the store
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "matched": self.matched,
-            "added": self.added,
-            "updated": self.updated,
-            "differs": self.differs,
-        }
+        return asdict(self)
 
 
 def todowrite(store: Store, items: Sequence[Mapping[str, Any]], origin: str) -> Merge:
