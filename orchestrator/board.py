@@ -27,6 +27,7 @@ MARKS = {
     Status.SKIPPED: ("–", "2"),
     Status.BLOCKED: ("⊘", "33"),
     Status.INTERRUPTED: ("!", "35"),
+    Status.WAITING: ("?", "33;1"),  # an approval gate: a person's turn
 }
 PRIORITY = {"high": "high", "medium": "med", "low": "low"}
 
@@ -81,6 +82,7 @@ SUMMARY_ORDER = (
     Status.FAILED,
     Status.BLOCKED,
     Status.INTERRUPTED,
+    Status.WAITING,
     Status.PENDING,
 )
 
@@ -107,7 +109,9 @@ def render_board(
     stale = stale or {}
     lines = [paint(_headline(plan_name, store_path, run), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
-    title_w = min(max((len(r["title"]) + 2 * added(r) for r in rows), default=5), 36)
+    title_w = min(
+        max((len(r["title"]) + 2 * (added(r) or bool(role(r))) for r in rows), default=5), 36
+    )
     for r in rows:
         status = Status(r["status"])
         mark, code = MARKS[status]
@@ -122,6 +126,9 @@ def render_board(
         else:  # why it is not done; else what someone noted on it
             extra = r["reason"] or summarize(findings.get(r["id"], []))
         title = f"+ {r['title']}" if added(r) else r["title"]
+        if role(r):  # a compensation or a `finally` task: not part of the plan's flow
+            title = f"↺ {r['title']}"
+            extra = guard_note(r) if status is Status.PENDING else extra
         head = (
             f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
             f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
@@ -143,6 +150,23 @@ def render_board(
             if r["log_path"]:
                 lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
     return "\n".join(lines)
+
+
+def role(row: sqlite3.Row) -> str | None:
+    """A compensation's or `finally` task's role; None (also in a store read as it is from
+    before schema 4, which has no such column)."""
+    # A Row's `in` looks at values, not keys.
+    return row["role"] if "role" in row.keys() else None  # noqa: SIM118
+
+
+def guard_note(row: sqlite3.Row) -> str:
+    """What a compensation or `finally` task is waiting to do, when its status says nothing."""
+    if row["role"] == "finally":
+        when = "runs at the end of the run"
+    else:
+        when = f"undoes {row['protects']} if the plan fails after it"
+    armed = row["armed_run"] is not None
+    return f"armed (run #{row['armed_run']}): {when}" if armed else when
 
 
 def added(row: sqlite3.Row) -> bool:

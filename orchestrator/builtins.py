@@ -169,3 +169,32 @@ class CommandSucceeds(Precondition[CommandParams]):
         # The command's own last words say most; the command line only when it said nothing.
         found = out[-1][:300] if out else f"`{cmd}` exited {proc.returncode}"
         return CheckResult(proc.returncode == 0, found)
+
+
+class ApproveParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    message: str = Field(description="what the person is asked to approve")
+    show: dict[str, Any] = Field(
+        {},
+        description="findings to show with it (label: ${tasks.ID.findings.KEY}); each must exist",
+    )
+
+
+class ApproveTask(Task[ApproveParams]):
+    """An approval gate: the run stops here (the task `waiting`, exit code 4) until someone
+    runs `orch approve PLAN ID` (or the run has `--approve ID`); approved, it passes and
+    records who approved, when and their note. A changed plan or changed findings upstream
+    void an approval. The engine decides (approvals.py); this class records the verdict."""
+
+    Params = ApproveParams
+
+    def run(self, ctx: Context) -> None:
+        approval = ctx.approval
+        if approval is None:  # the engine runs a gate only once approved
+            raise TaskError("not approved")
+        ctx.log(f"{self.params.message}\napproved by {approval['by']} ({approval['how']})")
+        ctx.finding("approved_by", approval["by"], note=approval["note"])
+        ctx.finding("approved_how", approval["how"])
+        for label, value in self.params.show.items():
+            ctx.finding(label, value if isinstance(value, int | float | str) else str(value))

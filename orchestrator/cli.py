@@ -170,6 +170,12 @@ def cli() -> None:
     metavar="N",
     help="Run up to N ready tasks at once (default: the plan's `jobs`, else 1).",
 )
+@click.option(
+    "--approve",
+    multiple=True,
+    metavar="ID",
+    help="Approve the gate ID when the run reaches it (recorded as yours). Repeatable.",
+)
 @vars_options
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
 @json_option
@@ -181,6 +187,7 @@ def run(
     from_task: str | None,
     only: tuple[str, ...],
     jobs: int | None,
+    approve: tuple[str, ...],
     var_args: tuple[str, ...],
     quiet: bool,
     as_json: bool,
@@ -189,27 +196,18 @@ def run(
 
     Completed tasks whose spec is unchanged are not run again; failed, blocked and interrupted
     ones are. A completed task whose spec changed is reported as stale and kept: re-run it
-    with --rerun. Exit status: 0 all done, 1 a task failed or is blocked, 2 bad plan or usage,
-    3 the store is in use by another live run, 130 interrupted.
+    with --rerun. Compensations an earlier run left due (it failed, was stopped or killed)
+    run first. Exit status: 0 all done, 1 a task failed or is blocked, 2 bad plan or usage,
+    3 the store is in use by another live run, 4 stopped at an approval gate, 130 interrupted.
 
     \b
     Example:
       orch run plans/demo.yaml
       orch run plans/demo.yaml --rerun checksum --var size_mb=16
     """
-    import signal
-
-    from .errors import Interrupted
     from .finished import already_finished, guess_store, plan_digest
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
-    signal.signal(signal.SIGHUP, interrupt)
-    # Started with `&` from a script, orch inherits SIGINT ignored (POSIX) and Python then
-    # installs no handler: `kill -INT` would do nothing. A run must always be stoppable.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    _stoppable()
     digest = plan_digest(plan_file, var_args)
     guess = guess_store(plan_file, store_opt)
     if digest and guess and not (rerun or from_task or only) and already_finished(guess, digest):
@@ -222,6 +220,121 @@ def run(
         _show_status(guess, None, as_json)
         sys.exit(EXIT_OK)
 
+    _execute(
+        plan_file,
+        store_opt,
+        var_args,
+        quiet,
+        as_json,
+        keep_going=keep_going,
+        rerun=rerun,
+        from_task=from_task,
+        only=only,
+        plan_digest=digest,
+        jobs=jobs,
+        approve=approve,
+    )
+
+
+@cli.command()
+@plan_argument
+@store_option
+@vars_options
+@click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
+@json_option
+def rollback(
+    plan_file: Path, store_opt: str | None, var_args: tuple[str, ...], quiet: bool, as_json: bool
+) -> None:
+    """Run PLAN's armed compensations now (the latest armed first), then its armed `finally`
+    tasks; what they undo is pending again. Nothing else runs. Exit 0 if each completed.
+
+    \b
+    Example:
+      orch rollback plans/sglang_migration.yaml
+    """
+    _stoppable()
+    _execute(plan_file, store_opt, var_args, quiet, as_json, rollback=True)
+
+
+@cli.command()
+@plan_argument
+@click.argument("task_id", metavar="ID")
+@store_option
+@vars_options
+@click.option("--note", "-m", help="Why, or on what condition: kept with the approval.")
+def approve(
+    plan_file: Path,
+    task_id: str,
+    store_opt: str | None,
+    var_args: tuple[str, ...],
+    note: str | None,
+) -> None:
+    """Approve the gate ID of PLAN: the next `orch run` passes it. Recorded with who, when,
+    the plan's hash and the findings upstream of the gate; a changed plan or changed findings
+    void it (the gate asks again).
+
+    \b
+    Example:
+      orch approve plans/sglang_migration.yaml confirm_stop -m "maintenance window"
+    """
+    from . import approvals
+
+    plan = _load(plan_file, var_args)
+    path = _store_path(store_opt, plan)
+    task = plan.by_id.get(task_id)
+    if task is None or task.spec.kind != approvals.GATE_KIND:
+        from .errors import did_you_mean
+
+        gates = [t.id for t in plan.tasks if t.spec.kind == approvals.GATE_KIND]
+        raise UsageError(
+            f"{task_id!r} is not an approval gate of {plan_file}"
+            f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
+        )
+    store = _open_store(path)
+    try:
+        if store.todo(task_id) is None:
+            from .todos import ensure_plan
+
+            ensure_plan(plan, store)
+        plan_digest, seen = (
+            approvals.plan_hash(plan),
+            approvals.findings_hash(plan, task_id, store.findings()),
+        )
+        by = approvals.who()
+        store.approve(task_id, by, note, plan_digest, seen, "orch approve")
+    finally:
+        store.close()
+    click.echo(
+        f"{task_id} approved by {by} (plan {plan_digest}, findings {seen}): "
+        f"`orch run {plan_file}` goes on from there"
+    )
+
+
+def _stoppable() -> None:
+    """Ctrl-C, SIGTERM and SIGHUP end a run cleanly (exit 130), whatever the shell did."""
+    import signal
+
+    from .errors import Interrupted
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise Interrupted(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
+    signal.signal(signal.SIGHUP, interrupt)
+    # Started with `&` from a script, orch inherits SIGINT ignored (POSIX) and Python then
+    # installs no handler: `kill -INT` would do nothing. A run must always be stoppable.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _execute(
+    plan_file: Path,
+    store_opt: str | None,
+    var_args: tuple[str, ...],
+    quiet: bool,
+    as_json: bool,
+    **run_options: Any,
+) -> None:
+    """Load the plan, run it (the live board on a terminal), print the board, exit."""
     from contextlib import nullcontext
 
     from .executor import RunOptions, execute
@@ -232,13 +345,8 @@ def run(
     # On a terminal the board is redrawn in place and the log lines go to events.jsonl only.
     live = not (quiet or as_json) and wanted(sys.stderr)
     options = RunOptions(
-        keep_going,
-        rerun,
-        from_task,
-        only,
-        "critical" if live else "warning" if quiet or as_json else "info",
-        plan_digest=digest,
-        jobs=jobs,
+        console_level="critical" if live else "warning" if quiet or as_json else "info",
+        **run_options,
     )
     try:
         with LiveBoard(path.absolute()) if live else nullcontext():

@@ -29,11 +29,11 @@ from typing import Any
 
 import structlog
 
-from . import redact, registry, runlog
+from . import approvals, redact, registry, runlog
 from .board import summarize
 from .confine import confine
 from .containment import jail
-from .errors import EXIT_FAILED, EXIT_OK, TaskError, TaskTimeout, TemplateError
+from .errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING, TaskError, TaskTimeout, TemplateError
 from .findings import Finding, checked
 from .finished import DIGEST_KEY
 from .liveness import close_dead_runs, current_identity
@@ -44,7 +44,7 @@ from .resources import LEASE_KIND, release_all
 from .selection import Action, Selection, decide
 from .snapshot import remember_stale
 from .status import Status
-from .store import Store, runs_dir
+from .store import GuardChange, Store, runs_dir
 from .task import Context, PoolUnavailable
 from .templating import Ref, bash_params, evaluate_when, resolve
 from .todos import added_tasks, todo_specs
@@ -64,6 +64,8 @@ class RunOptions:
     argv: Sequence[str] = field(default_factory=lambda: sys.argv)
     plan_digest: str | None = None  # recorded when the run completes (see finished.py)
     jobs: int | None = None  # tasks at once; None: the plan's `jobs` (default 1)
+    approve: Sequence[str] = ()  # approval gates approved for this run (recorded as such)
+    rollback: bool = False  # run the armed compensations and `finally` tasks, nothing else
 
 
 @dataclass
@@ -114,6 +116,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
                 result = runner.run()
         finally:  # whatever the outcome, nothing the plan started outlives the run
             release_all(store, log, f"at the end of run #{run_id}")
+        with from_folder(runner.home):  # after release_all: a server it left holds no GPUs now
+            result = runner.wind_up(result)
         remember_stale(store, plan, options.plan_digest)  # for `orch status PLAN` (snapshot.py)
         # Only a run that looked at every task can vouch that none is stale (finished.py).
         whole_plan = not (options.only or options.from_task)
@@ -156,6 +160,9 @@ class Runner:
         self.threads: dict[str, int] = {}  # task id -> the thread running it (--jobs)
         self.leased: dict[tuple[str, str], str] = {}  # (pool, member) -> the task holding it
         self.waiting: dict[str, str] = {}  # task id -> the waiting reason last written
+        self.gates: list[str] = []  # approval gates this run stopped at
+        self.finally_armed = False  # the plan's `finally` tasks, armed by the first start
+        self.mended = True  # what earlier runs left due was undone (mend_first)
         self.lease_lock = threading.Lock()
 
     def run(self) -> RunResult:
@@ -171,14 +178,16 @@ class Runner:
                 heapq.heappush(ready, (self.plan.by_id[task_id].position, task_id))
 
         try:
-            push(sorter.get_ready())
-            if self.jobs > 1:
-                self.run_parallel(ready, sorter, push)
-            while ready:
-                _, task_id = heapq.heappop(ready)
-                self.visit(self.plan.by_id[task_id])
-                sorter.done(task_id)
+            self.mended = mended = self.mend_first()
+            if mended and not self.options.rollback:
                 push(sorter.get_ready())
+                if self.jobs > 1:
+                    self.run_parallel(ready, sorter, push)
+                while ready:
+                    _, task_id = heapq.heappop(ready)
+                    self.visit(self.plan.by_id[task_id])
+                    sorter.done(task_id)
+                    push(sorter.get_ready())
         except KeyboardInterrupt as exc:
             # Wherever the interrupt landed (even between two commits), close the run and its
             # tasks together; a second Ctrl-C is held back until that is committed.
@@ -189,10 +198,17 @@ class Runner:
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
+        if self.options.rollback or not mended:
+            return self.result("completed" if mended else "failed")
         in_scope = [self.statuses[i] for i in self.selection.scope]
-        ok = all(s.done for s in in_scope)
-        outcome = "completed" if ok else "failed"
-        self.store.end_run(self.run_id, outcome)
+        outcome = "completed" if all(s.done for s in in_scope) else "failed"
+        if self.gates and not {Status.FAILED, Status.BLOCKED, Status.INTERRUPTED} & set(in_scope):
+            outcome = "waiting"
+            self.log.warning(
+                "run.waiting",
+                gates=", ".join(self.gates),
+                hint=f"orch approve {self.plan.file} {self.gates[0]}, then run again",
+            )
         waiting = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
         if self.stopped_by and waiting:
             self.log.warning(
@@ -201,8 +217,96 @@ class Runner:
                 not_started=len(waiting),
                 hint="--keep-going runs what does not depend on the failure",
             )
+        return self.result(outcome)
+
+    def result(self, outcome: str) -> RunResult:
+        code = {"completed": EXIT_OK, "waiting": EXIT_WAITING}.get(outcome, EXIT_FAILED)
+        return RunResult(self.run_id, outcome, code, self.stale)
+
+    # --- compensations and `finally` tasks -----------------------------------------------------
+
+    def mend_first(self) -> bool:
+        """Before anything else: what an earlier run left due (it failed, was stopped or
+        killed after arming them) runs now; `orch rollback` runs all that is armed. False if
+        one of them did not complete: the host is not as the plan expects, so nothing runs."""
+        due = self.store.armed() if self.options.rollback else self.store.due()
+        if not due:
+            return True
+        self.log.warning(
+            "run.compensating",
+            tasks=", ".join(r["id"] for r in due),
+            why="orch rollback"
+            if self.options.rollback
+            else "armed by run #"
+            + ", #".join(sorted({str(r["armed_run"]) for r in due}))
+            + ", which did not complete",
+        )
+        for task in self.plan.tasks:  # what the failed run left running goes first
+            self.end_leftovers(task)
+        ok = self.compensate(due)
+        # What they undid is pending again: the plan's steps must see it so.
+        self.rows = {r["id"]: r for r in self.store.todos()}
+        self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+        if not ok:
+            self.log.error(
+                "run.stopped",
+                why="a compensation or finally task did not complete; the plan's steps did not run",
+                hint=f"orch status {self.plan.file}; fix it, then orch run or orch rollback",
+            )
+        return ok
+
+    def compensate(self, rows: Sequence[Any]) -> bool:
+        """Run these armed tasks: compensations first, the latest armed first (the last step
+        done is undone first), then `finally` tasks in the plan's order. Each runs whatever the
+        others did; True if every one completed or was skipped."""
+        guards = [self.plan.by_id[r["id"]] for r in rows if r["id"] in self.plan.by_id]
+        ordered = [g for g in guards if g.role == "on_failure"] + sorted(
+            (g for g in guards if g.role == "finally"), key=lambda g: g.position
+        )
+        for guard in ordered:
+            self.log.warning(
+                "task.compensating" if guard.protects else "task.finally",
+                task=guard.id,
+                **({"undoes": guard.protects} if guard.protects else {}),
+            )
+            self.perform(guard)
+        return all(self.statuses[g.id].done for g in ordered)
+
+    def wind_up(self, result: RunResult) -> RunResult:
+        """After the plan's steps (and after the servers they left were ended): the armed
+        compensations if the run failed, the `finally` tasks whatever happened; a completed
+        plan disarms its compensations. Then the run's end is recorded."""
+        outcome = result.outcome
+        if self.options.rollback or not self.mended:
+            armed = []  # what was armed has had its one try in this run
+        elif outcome == "failed":
+            armed = self.store.armed()
+        else:
+            armed = [r for r in self.store.armed() if r["role"] == "finally"]
+        if armed and not self.compensate(armed):
+            outcome = "failed"
+        self.store.end_run(self.run_id, outcome)
+        spare = [r["id"] for r in self.store.armed() if r["role"] == "on_failure"]
+        if spare and outcome == "completed" and self.store.all_done():
+            self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
-        return RunResult(self.run_id, outcome, EXIT_OK if ok else EXIT_FAILED, self.stale)
+        return self.result(outcome) if outcome != result.outcome else result
+
+    def guard_change(self, task: PlannedTask, to: Status) -> GuardChange | None:
+        """What this transition of `task` does to compensations and `finally` tasks."""
+        if task.role is not None:  # a guard itself: done once it ran (or was skipped)
+            if to is Status.COMPLETED:
+                return GuardChange(disarm=task.id, undo=task.protects)
+            return GuardChange(disarm=task.id) if to is Status.SKIPPED else None
+        if to is Status.COMPLETED and (guards := self.plan.guarded.get(task.id)):
+            return GuardChange(arm=guards, arm_reason=f"armed: undoes {task.id} if the plan fails")
+        if to is Status.IN_PROGRESS and not self.finally_armed:
+            self.finally_armed = True
+            if guards := self.plan.guarded.get(None):
+                return GuardChange(
+                    arm=guards, arm_reason=f"armed: runs at the end of run #{self.run_id}"
+                )
+        return None
 
     def run_parallel(
         self,
@@ -399,27 +503,35 @@ class Runner:
             return
         if decision.action is Action.BLOCK:
             return self.settle(task, Status.BLOCKED, decision.reason)
-        if self.stopped_by is not None:
-            return  # fail fast: nothing new starts; the task stays as it was
+        if self.stopped_by is not None or self.gates:
+            return  # fail fast (or a gate waits): nothing new starts; the task stays as it was
+        self.perform(task)
+        if self.statuses[task.id] in (Status.FAILED, Status.BLOCKED):
+            self.stop_after(task)
+
+    def perform(self, task: PlannedTask) -> None:
+        """when -> preconditions -> approval -> lease -> attempts; the outcome is recorded."""
         # Before anything looks at the host: a dead run's leftover would fail port.free etc.
         self.end_leftovers(task)
+        approval = None
         try:
             if not evaluate_when(task.spec.when, self.lookup):
                 return self.settle(task, Status.SKIPPED, f"when {task.spec.when!r} is false")
             problem = self.check_preconditions(task)
+            gate = problem is None and task.spec.kind == approvals.GATE_KIND
+            if gate and (approval := self.approval(task)) is None:
+                return
         except TemplateError as exc:
-            self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
-            return self.stop_after(task)
+            return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
         if problem is not None:
             return self.settle(task, Status.BLOCKED, problem, last_error=problem)
         try:
             granted = self.lease(task)
         except TaskError as exc:  # timed out waiting, or asks for what the host has not
-            self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
-            return self.stop_after(task)
+            return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
         try:
             for attempt in range(1, task.spec.retries.attempts + 1):
-                if self.attempt(task, attempt, granted):
+                if self.attempt(task, attempt, granted, approval):
                     return
                 if attempt < task.spec.retries.attempts:
                     self.log.info(
@@ -431,10 +543,34 @@ class Runner:
                     nap(task.spec.retries.delay)
         finally:
             self.unlease(task, granted)
-        self.stop_after(task)
+
+    def approval(self, task: PlannedTask) -> dict[str, Any] | None:
+        """The approval that lets this gate pass now (one given with --approve is recorded
+        first); None after recording the gate as waiting, saying for what."""
+        params = self.resolve_params(task.cls, task.spec.params)  # a missing finding fails it
+        plan_digest = approvals.plan_hash(self.plan)
+        seen = approvals.findings_hash(self.plan, task.id, self.store.findings())
+        verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+        if verdict.approval is None and task.id in self.options.approve:
+            how = "orch run --approve"
+            self.store.approve(task.id, approvals.who(), None, plan_digest, seen, how, self.run_id)
+            verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+        if verdict.approval is not None:
+            return dict(verdict.approval)
+        shown = ", ".join(f"{k}={v}" for k, v in params.get("show", {}).items())
+        why = f"approve: {params.get('message', '')}" + (f" ({shown})" if shown else "")
+        if verdict.void:
+            why += f"; {verdict.void}"
+        self.settle(task, Status.WAITING, why + f" · orch approve {self.plan.file} {task.id}")
+        self.gates.append(task.id)
+        return None
 
     def attempt(
-        self, task: PlannedTask, attempt: int, granted: dict[str, list[str]] | None = None
+        self,
+        task: PlannedTask,
+        attempt: int,
+        granted: dict[str, list[str]] | None = None,
+        approval: dict[str, Any] | None = None,
     ) -> bool:
         """One try; True if it completed."""
         findings: list[Finding] = []
@@ -452,6 +588,7 @@ class Runner:
             self.run_id,
             spec_hash=task.spec_hash,
             spec=task.spec_json,
+            guards=self.guard_change(task, Status.IN_PROGRESS),
             started_at=started,
             ended_at=None,
             last_error=None,
@@ -479,6 +616,7 @@ class Runner:
                 },
                 PROCESS_MARKER: self.marker(self.run_id, task.id, number),
             },
+            approval,
         )
         try:
             task.cls(params).run(ctx)
@@ -528,7 +666,8 @@ class Runner:
     ) -> None:
         """Record a task's new status (committed), and react: log it, stop after a failure.
         A failed attempt that will be retried is a warning, not yet the task's failure."""
-        self.store.transition(task.id, to, reason, self.run_id, findings, **fields)
+        guards = self.guard_change(task, to)
+        self.store.transition(task.id, to, reason, self.run_id, findings, guards, **fields)
         self.statuses[task.id] = to
         if to is Status.COMPLETED or to is Status.INTERRUPTED:
             return
@@ -539,6 +678,7 @@ class Runner:
             Status.SKIPPED: "task.skipped",
             Status.BLOCKED: "task.blocked",
             Status.FAILED: "task.failed",
+            Status.WAITING: "task.waiting_approval",
         }[to]
         # The root cause is an error; a task blocked by it is a consequence, a warning.
         level = {Status.SKIPPED: "info", Status.FAILED: "error"}.get(

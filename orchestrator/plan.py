@@ -39,6 +39,11 @@ def _as_retries(value: object) -> object:
     return {"attempts": value} if isinstance(value, int) and not isinstance(value, bool) else value
 
 
+def _as_task_list(value: object) -> object:
+    """`on_failure:` one task (a mapping) or a list of them."""
+    return [value] if isinstance(value, dict) else value
+
+
 class Retries(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -70,6 +75,9 @@ class TaskSpec(BaseModel):
         Annotated[str, Field(pattern=ID_PATTERN)],
         Annotated[int, Field(ge=1)] | Annotated[list[int | str], Field(min_length=1)],
     ] = {}
+    # What undoes it if the plan fails after it completed (armed in the store with its
+    # completion, so a crash cannot lose it): task mappings, each run like a task of its own.
+    on_failure: Annotated[list[dict[str, Any]], BeforeValidator(_as_task_list)] = []
 
 
 class CheckSpec(BaseModel):
@@ -92,6 +100,9 @@ class PlanHeader(BaseModel):
     # Named resources and their units (`disk-heavy: 1`, `port: 4`): tasks hold some of them.
     resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
     tasks: list[Any] = Field(min_length=1)
+    # Tasks run at the end of every run that did work, whatever its outcome (or first thing in
+    # the next run, if this one was killed).
+    finally_: list[Any] = Field([], alias="finally")
 
 
 @dataclass
@@ -114,6 +125,8 @@ class PlannedTask:
     spec_json: str  # the fingerprint as stored
     line: int | None
     position: int = 0
+    role: str | None = None  # "on_failure" (a compensation) or "finally"; None: the flow
+    protects: str | None = None  # the task a compensation undoes
 
     @property
     def id(self) -> str:
@@ -144,13 +157,18 @@ class Plan:
     overrides: dict[str, Any] = field(default_factory=dict)  # the --var values it was loaded with
     jobs: int = 1  # tasks at once, unless --jobs says otherwise
     resources: dict[str, int] = field(default_factory=dict)  # name -> units
-    added: dict[str, str] = field(
-        default_factory=dict
-    )  # added task id -> origin    by_id: dict[str, PlannedTask] = field(default_factory=dict)
+    added: dict[str, str] = field(default_factory=dict)  # added task id -> origin
+    # Compensations and `finally` tasks: outside the flow, run by the engine when due.
+    guards: list[PlannedTask] = field(default_factory=list)
+    by_id: dict[str, PlannedTask] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.by_id = {t.id: t for t in self.tasks}
+        self.by_id = {t.id: t for t in [*self.tasks, *self.guards]}
+        # task id -> its compensations; None -> the `finally` tasks
+        self.guarded: dict[str | None, list[str]] = {}
+        for g in self.guards:
+            self.guarded.setdefault(g.protects, []).append(g.id)
         self.dependents = {t.id: [] for t in self.tasks}
         for t in self.tasks:
             for need in t.spec.needs:
@@ -311,11 +329,22 @@ def _load_plan(
         )
         if task is not None:
             planned.setdefault(spec.id, task)
+    guards = []
+    for where, guard in _guard_specs(src, specs, header, raw_ids, issues):
+        # Its ${tasks...} may name what it protects and that task's upstream; a `finally`
+        # task, any task (one that did not run leaves no finding: the guard then fails).
+        upstream.graph[guard.spec.id] = [guard.protects] if guard.protects else list(ids)
+        task = _plan_task(
+            src, where, guard.spec, variables, ids, upstream, issues, suggest, secrets
+        )
+        if task is not None:
+            task.role, task.protects = guard.role, guard.protects
+            guards.append(task)
     if issues or header is None:
         raise PlanError(list(dict.fromkeys(issues)))  # one cause can surface on two paths
 
     ordered = _dependency_order(list(planned.values()), raw_ids)
-    for position, t in enumerate(ordered):
+    for position, t in enumerate([*ordered, *guards]):  # guards listed after the flow
         t.position = position
     return Plan(
         header.name,
@@ -328,7 +357,69 @@ def _load_plan(
         added={str(a.definition["id"]): a.origin for a in added},
         jobs=header.jobs,
         resources=dict(header.resources),
+        guards=guards,
     )
+
+
+@dataclass
+class _Guard:
+    spec: TaskSpec
+    role: str  # on_failure | finally
+    protects: str | None
+
+
+# A guard runs alone, when the engine says: it has no place in the flow to need or hold.
+_NOT_IN_GUARDS = ("needs", "on_failure", "resources")
+
+
+def _guard_specs(
+    src: Located,
+    specs: list[tuple[int, TaskSpec]],
+    header: PlanHeader | None,
+    raw_ids: dict[str, int],
+    issues: list[PlanIssue],
+) -> list[tuple[Path_, _Guard]]:
+    """The compensations (`on_failure` of each task) and the plan's `finally` tasks,
+    validated like tasks; their ids share the plan's name space."""
+    found: list[tuple[Path_, Any, str, str | None]] = []
+    for i, spec in specs:
+        raw = src.data["tasks"][i] if i < len(src.data.get("tasks") or []) else None
+        single = isinstance(raw, dict) and isinstance(raw.get("on_failure"), dict)
+        for j, g in enumerate(spec.on_failure):
+            at: Path_ = ("tasks", i, "on_failure") if single else ("tasks", i, "on_failure", j)
+            found.append((at, g, "on_failure", spec.id))
+    for j, g in enumerate(header.finally_ if header else []):
+        found.append((("finally", j), g, "finally", None))
+    out: list[tuple[Path_, _Guard]] = []
+    seen = dict(raw_ids)
+    for at, raw, role, protects in found:
+        if not isinstance(raw, dict):
+            issues.append(src.issue(at, f"{role}: each entry is a task (a mapping with an id)"))
+            continue
+        label = f"task {raw.get('id')!r}: " if isinstance(raw.get("id"), str) else ""
+        try:
+            spec = TaskSpec.model_validate(raw)
+        except ValidationError as exc:
+            issues += [
+                src.issue((*at, *e["loc"]), label + _sentence(e, TaskSpec)) for e in exc.errors()
+            ]
+            continue
+        if spec.id in seen:
+            issues.append(src.issue((*at, "id"), f"duplicate task id {spec.id!r}"))
+            continue
+        seen[spec.id] = -1
+        bad = [k for k in _NOT_IN_GUARDS if k in raw]
+        for k in bad:
+            issues.append(
+                src.issue(
+                    (*at, k),
+                    f"{label}`{k}` has no meaning in {role}: it runs on its own, "
+                    + ("after what it undoes" if protects else "at the end of the run"),
+                )
+            )
+        if not bad:
+            out.append((at, _Guard(spec, role, protects)))
+    return out
 
 
 _DECLARATION = {"env", "default", "secret"}

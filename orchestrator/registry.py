@@ -32,6 +32,7 @@ _BUILTINS: dict[str, dict[str, str]] = {
     TASK_GROUP: {
         "shell": "orchestrator.builtins:ShellTask",
         "python": "orchestrator.builtins:PythonTask",
+        "approve": "orchestrator.builtins:ApproveTask",
     },
     PRECONDITION_GROUP: {
         "command": "orchestrator.builtins:CommandSucceeds",

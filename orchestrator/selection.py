@@ -66,6 +66,12 @@ class Selection:
                     f"no task {task_id!r} in {plan.file}{did_you_mean(task_id, plan.by_id)} "
                     f"(tasks: {', '.join(plan.by_id)})"
                 )
+            if (role := plan.by_id[task_id].role) is not None:
+                when = "when the plan fails" if role == "on_failure" else "at the end of a run"
+                raise UsageError(
+                    f"{task_id!r} is a {role} task: it runs {when}, not as a step; "
+                    f"`orch rollback {plan.file}` runs what is armed now"
+                )
         holders = {r["name"]: r["task_id"] for r in resources}
         forced = {d for r in rerun for d in _rerun_downstream(plan, r, holders)}
         if from_task:

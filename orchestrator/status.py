@@ -13,6 +13,7 @@ class Status(StrEnum):
     SKIPPED = "skipped"  # its `when` was false
     BLOCKED = "blocked"  # a dependency did not complete, or a precondition failed
     INTERRUPTED = "interrupted"  # the orchestrator died or was stopped mid-task
+    WAITING = "waiting"  # an approval gate no one has approved yet (for this plan, these findings)
 
     @property
     def done(self) -> bool:
@@ -28,7 +29,14 @@ ALLOWED: dict[Status, frozenset[Status]] = {
     # `orch forget` / `orch reset` make a task not running pending again.
     **{
         s: frozenset(
-            {Status.IN_PROGRESS, Status.SKIPPED, Status.BLOCKED, Status.FAILED, Status.PENDING}
+            {
+                Status.IN_PROGRESS,
+                Status.SKIPPED,
+                Status.BLOCKED,
+                Status.FAILED,
+                Status.PENDING,
+                Status.WAITING,
+            }
         )
         for s in _NOT_RUNNING
     },
@@ -47,4 +55,5 @@ TODOWRITE: dict[Status, str] = {
     Status.FAILED: "pending",  # still to do: the agent's view of a failed step
     Status.BLOCKED: "pending",
     Status.INTERRUPTED: "pending",
+    Status.WAITING: "pending",
 }

@@ -41,7 +41,8 @@ from .findings import Finding, FindingValue
 from .redact import mask, mask_value
 from .status import ALLOWED, MANUAL, Status
 
-SCHEMA_VERSION = 3  # 2: resources; 3: tasks added at run time (origin, definition), authors
+SCHEMA_VERSION = 4  # 2: resources; 3: tasks added at run time (origin, definition), authors;
+# 4: compensations and `finally` tasks (role, protects, armed_run, armed_at), approvals
 BUSY_TIMEOUT_MS = 10_000
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
@@ -95,6 +96,13 @@ COLUMNS: dict[str, dict[str, type]] = {
         "pgid": int,
         "pgid_started_at": float,
         "updated_at": float,
+        # A compensation (`on_failure` of the task it `protects`) or a `finally` task; None for
+        # the plan's own flow. Armed: due to run if the plan fails (armed_run: the run that armed
+        # it, committed with the protected task's completion), until it runs or the plan ends.
+        "role": str,
+        "protects": str,
+        "armed_run": int,
+        "armed_at": float,
     },
     "transitions": {
         "seq": int,
@@ -131,6 +139,18 @@ COLUMNS: dict[str, dict[str, type]] = {
         "released_by": str,
         "how": str,
     },
+    "approvals": {
+        # Who let an approval gate pass, for which plan and which upstream findings (hashes).
+        "seq": int,
+        "task_id": str,
+        "by": str,
+        "at": float,
+        "note": str,
+        "plan_hash": str,
+        "findings_hash": str,
+        "how": str,  # `orch approve`, or `orch run --approve`
+        "run_id": int,
+    },
 }
 _TABLE_OPTIONS: dict[str, dict[str, Any]] = {
     "meta": {"pk": "key"},
@@ -143,11 +163,21 @@ _TABLE_OPTIONS: dict[str, dict[str, Any]] = {
     "transitions": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "findings": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
     "resources": {"pk": "name"},
+    "approvals": {"pk": "seq", "foreign_keys": [("task_id", "todos", "id")]},
 }
-_SINCE = {"resources": 2}  # tables added by a later schema version
+_SINCE = {"resources": 2, "approvals": 4}  # tables added by a later schema version
 # Columns added to an existing table by a later schema version: (table, column) -> version.
-_COLUMNS_SINCE = {("todos", "origin"): 3, ("todos", "definition"): 3, ("findings", "author"): 3}
+_COLUMNS_SINCE = {
+    ("todos", "origin"): 3,
+    ("todos", "definition"): 3,
+    ("findings", "author"): 3,
+    **{("todos", c): 4 for c in ("role", "protects", "armed_run", "armed_at")},
+}
 PLAN_ORIGIN = "plan"
+# What a task made pending again (forgotten, undone) no longer claims about its last attempt.
+_FRESH: dict[str, Any] = dict.fromkeys(
+    ("last_error", "output_tail", "started_at", "ended_at", "pgid", "pgid_started_at")
+)
 
 
 @dataclass(frozen=True)
@@ -163,6 +193,20 @@ class TodoSpec:
     spec_hash: str
     spec: str  # JSON of what the hash covers
     origin: str = PLAN_ORIGIN  # or who added it (todos.py)
+    role: str | None = None  # "on_failure" (a compensation) or "finally"; None: the plan's flow
+    protects: str | None = None  # the task a compensation undoes
+
+
+@dataclass(frozen=True)
+class GuardChange:
+    """What a transition does to compensations and `finally` tasks, in its own transaction:
+    `arm` them (the protected task completed; a run began its work), `disarm` one (it ran),
+    and `undo`: the task a compensation undid is pending again, so the next run redoes it."""
+
+    arm: Sequence[str] = ()
+    arm_reason: str = ""
+    disarm: str | None = None
+    undo: str | None = None
 
 
 @dataclass(frozen=True)
@@ -491,7 +535,8 @@ class Store:
         """Every task of the plan completed or skipped, and no run open."""
         row = self.conn.execute(
             "SELECT count(*), sum(status IN ('completed', 'skipped')) FROM todos"
-            " WHERE in_plan=1 AND kind IS NOT NULL"  # a todo with no kind runs nothing
+            # A todo with no kind runs nothing; compensations run only when the plan fails.
+            " WHERE in_plan=1 AND kind IS NOT NULL AND role IS NULL"
         ).fetchone()
         return bool(row[0]) and row[0] == row[1] and not self.open_runs()
 
@@ -503,28 +548,38 @@ class Store:
         current = {
             r[0]: tuple(r[1:])
             for r in self.conn.execute(
-                "SELECT id, position, title, priority, kind, needs, origin, in_plan FROM todos"
+                "SELECT id, position, title, priority, kind, needs, origin, role, protects,"
+                " in_plan FROM todos"
             )
         }
         with self._tx() as c:
             for s in specs:
                 needs = json.dumps(list(s.needs))
-                fields = (s.position, s.title, s.priority, s.kind, needs, s.origin)
+                fields = (
+                    s.position,
+                    s.title,
+                    s.priority,
+                    s.kind,
+                    needs,
+                    s.origin,
+                    s.role,
+                    s.protects,
+                )
                 row = current.pop(s.id, None)
                 if row == (*fields, 1):
                     continue
                 if row is not None:  # a todo added by hand that the plan file now declares:
                     c.execute(  # the file's (definition: only an added task has one)
                         "UPDATE todos SET position=?, title=?, priority=?, kind=?, needs=?,"
-                        " origin=?, in_plan=1, definition=CASE WHEN ?='plan' THEN NULL"
-                        " ELSE definition END WHERE id=?",
+                        " origin=?, role=?, protects=?, in_plan=1,"
+                        " definition=CASE WHEN ?='plan' THEN NULL ELSE definition END WHERE id=?",
                         (*fields, s.origin, s.id),
                     )
                     continue
                 c.execute(
-                    "INSERT INTO todos(position, title, priority, kind, needs, origin, id,"
-                    " status, spec_hash, spec, updated_at, attempts, in_plan)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
+                    "INSERT INTO todos(position, title, priority, kind, needs, origin, role,"
+                    " protects, id, status, spec_hash, spec, updated_at, attempts, in_plan)"
+                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
                     (*fields, s.id, s.spec_hash, s.spec, now),
                 )
                 c.execute(
@@ -629,9 +684,11 @@ class Store:
         reason: str | None,
         run_id: int | None,
         findings: Sequence[Finding] = (),
+        guards: GuardChange | None = None,
         **fields: Any,
     ) -> int:
-        """Move a task to `to`, log it and store findings: one transaction, committed on return.
+        """Move a task to `to`, log it and store findings (and what `guards` says): one
+        transaction, committed on return.
 
         Callers do this before the side effect that follows (start a process, start a
         dependent), so the store never claims less than what happened. Returns the attempt.
@@ -659,7 +716,82 @@ class Store:
                         for f in findings
                     ],
                 )
+            if guards is not None:
+                self._guard_change(c, guards, task_id, run_id, now)
         return attempt
+
+    def _guard_change(
+        self, c: sqlite3.Connection, g: GuardChange, by: str, run_id: int | None, now: float
+    ) -> None:
+        for guard in g.arm:
+            armed = c.execute("SELECT armed_run FROM todos WHERE id=?", (guard,)).fetchone()
+            if armed is None or armed[0] is not None:
+                continue  # armed already: by an earlier run whose failure it still has to mend
+            self._transition(c, guard, Status.PENDING, g.arm_reason, run_id, now, **_FRESH)
+            c.execute("UPDATE todos SET armed_run=?, armed_at=? WHERE id=?", (run_id, now, guard))
+        if g.disarm is not None:
+            c.execute("UPDATE todos SET armed_run=NULL, armed_at=NULL WHERE id=?", (g.disarm,))
+        if g.undo is not None:
+            row = c.execute("SELECT status FROM todos WHERE id=?", (g.undo,)).fetchone()
+            if row is not None and Status(row[0]).done:
+                self._transition(
+                    c, g.undo, Status.PENDING, f"undone by {by}", run_id, now, **_FRESH
+                )
+
+    def armed(self) -> list[sqlite3.Row]:
+        """Compensations and `finally` tasks armed now, the latest armed first (the order in
+        which they undo: the last step done is the first undone)."""
+        return self.conn.execute(
+            "SELECT * FROM todos WHERE armed_run IS NOT NULL AND in_plan=1"
+            " ORDER BY armed_at DESC, position DESC"
+        ).fetchall()
+
+    def due(self) -> list[sqlite3.Row]:
+        """Armed tasks that a run since their arming has not lived up to: it failed, was
+        interrupted or crashed, so they run before anything else (a run stopped at an
+        approval gate failed nothing)."""
+        return [
+            r
+            for r in self.armed()
+            if self.conn.execute(
+                "SELECT 1 FROM runs WHERE id >= ? AND ended_at IS NOT NULL"
+                " AND outcome NOT IN ('completed', 'waiting') LIMIT 1",
+                (r["armed_run"],),
+            ).fetchone()
+        ]
+
+    def disarm(self, task_ids: Sequence[str], reason: str, run_id: int) -> None:
+        """The plan completed: nothing to undo. Each becomes skipped with `reason`."""
+        now = time.time()
+        with self._tx() as c:
+            for task_id in task_ids:
+                self._transition(c, task_id, Status.SKIPPED, reason, run_id, now)
+                c.execute("UPDATE todos SET armed_run=NULL, armed_at=NULL WHERE id=?", (task_id,))
+
+    # --- approval gates ------------------------------------------------------------------------
+
+    def approve(
+        self,
+        task_id: str,
+        by: str,
+        note: str | None,
+        plan_hash: str,
+        findings_hash: str,
+        how: str,
+        run_id: int | None = None,
+    ) -> None:
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO approvals(task_id, by, at, note, plan_hash, findings_hash, how,"
+                " run_id) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (task_id, by, time.time(), mask_value(note), plan_hash, findings_hash, how, run_id),
+            )
+
+    def approvals(self, task_id: str) -> list[sqlite3.Row]:
+        """A gate's approvals, the latest first."""
+        return self.conn.execute(
+            "SELECT * FROM approvals WHERE task_id=? ORDER BY seq DESC", (task_id,)
+        ).fetchall()
 
     def _transition(
         self,
@@ -713,12 +845,7 @@ class Store:
                         why,
                         None,
                         now,
-                        last_error=None,
-                        output_tail=None,
-                        started_at=None,
-                        ended_at=None,
-                        pgid=None,
-                        pgid_started_at=None,
+                        **_FRESH,
                     )
                     done.append(task_id)
         return done

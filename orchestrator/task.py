@@ -89,6 +89,7 @@ class Context:
     deadline: float | None  # time.monotonic() value, or None for no timeout
     sink: ContextSink
     env: Mapping[str, str] = field(default_factory=dict)  # marks processes as this task's
+    approval: Mapping[str, Any] | None = None  # an approval gate's, once approved
 
     def finding(
         self, key: str, value: FindingValue, unit: str | None = None, note: str | None = None

@@ -56,8 +56,10 @@ def todo_specs(plan: Plan) -> list[TodoSpec]:
             t.spec_hash,
             t.spec_json,
             plan.added.get(t.id, PLAN_ORIGIN),
+            t.role,
+            t.protects,
         )  # fmt: skip
-        for t in plan.tasks
+        for t in [*plan.tasks, *plan.guards]
     ]
 
 

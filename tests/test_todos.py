@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
+from orchestrator.store import SCHEMA_VERSION
+
 PLAN = """
     name: t
     tasks:
@@ -208,7 +210,7 @@ def test_an_older_store_is_upgraded_and_keeps_its_record(pdir: PlanDir) -> None:
     assert "2 tasks: 2 completed" in run_orch("status", plan).stdout  # read as it is
     assert run_orch("todo", "add", plan, "new").returncode == 0
     with pdir.db() as db:
-        assert db.execute("PRAGMA user_version").fetchone()[0] == 3
+        assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
         origins = dict(db.execute("SELECT id, origin FROM todos").fetchall())
     assert origins == {"a": "plan", "b": "plan", "new": "person"}
     assert run_orch("run", plan).returncode == 0 and ran(pdir) == ["a", "b"]

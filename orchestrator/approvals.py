@@ -1,0 +1,81 @@
+"""Approval gates: who let a `kind: approve` task pass, and whether that still holds.
+
+An approval is recorded with two hashes: the plan's (every task's spec hash and needs, so a
+changed command, param or dependency voids it; a comment or a title does not) and the findings
+upstream of the gate (what the person saw when they approved). A gate passes only on an
+approval whose two hashes match the plan and the findings of now; otherwise it waits, and says
+why an earlier approval no longer counts.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import json
+import socket
+import sqlite3
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from .findings import Finding
+from .plan import Plan
+
+GATE_KIND = "approve"
+
+
+def plan_hash(plan: Plan) -> str:
+    tasks = sorted((t.id, t.spec_hash, sorted(t.spec.needs)) for t in [*plan.tasks, *plan.guards])
+    return hashlib.sha256(json.dumps(tasks).encode()).hexdigest()[:16]
+
+
+def upstream(plan: Plan, task_id: str) -> list[str]:
+    """Every task the gate needs, directly or not."""
+    seen: set[str] = set()
+    stack = list(plan.by_id[task_id].spec.needs)
+    while stack:
+        need = stack.pop()
+        if need not in seen:
+            seen.add(need)
+            stack.extend(plan.by_id[need].spec.needs)
+    return sorted(seen)
+
+
+def findings_hash(plan: Plan, task_id: str, findings: Mapping[str, Sequence[Finding]]) -> str:
+    """The findings of the gate's upstream tasks' latest attempts (notes by people and agents
+    left out: a comment on the board is not a changed measurement)."""
+    seen = [
+        (t, f.key, repr(f.value), f.unit)
+        for t in upstream(plan, task_id)
+        for f in findings.get(t, ())
+        if f.author is None
+    ]
+    return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:16]
+
+
+def who() -> str:
+    """The person approving: the login name (SUDO_USER when run through sudo) at this host."""
+    import os
+
+    name = os.environ.get("SUDO_USER") or getpass.getuser()
+    return f"{name}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    approval: sqlite3.Row | None  # the approval that holds now
+    void: str | None  # why the latest approval no longer holds
+
+
+def judge(rows: Sequence[sqlite3.Row], plan_digest: str, findings_digest: str) -> Verdict:
+    """Whether the latest of a gate's approvals (latest first) holds for this plan and these
+    findings."""
+    if not rows:
+        return Verdict(None, None)
+    latest = rows[0]
+    if latest["plan_hash"] != plan_digest:
+        why = "the plan changed since"
+    elif latest["findings_hash"] != findings_digest:
+        why = "the findings it was shown changed since"
+    else:
+        return Verdict(latest, None)
+    return Verdict(None, f"the approval by {latest['by']} no longer holds: {why}")
