@@ -12,9 +12,9 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import PlanDir, run_orch, start_orch, wait_for
-
 from orchestrator.store import SCHEMA_VERSION
+
+from conftest import PlanDir, run_orch, start_orch, wait_for
 
 PLAN = """
     name: t
