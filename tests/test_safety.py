@@ -1,0 +1,345 @@
+"""Runbook safety through the real `orch`: compensations that survive a crash, `finally` tasks,
+`orch rollback`, and approval gates (issue 13). Each task appends to a trail file, so the order
+in which things really ran is what is asserted."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from conftest import PlanDir, run_orch, start_orch, wait_for
+
+# A production service stopped first; a step after it that fails while `broken` exists.
+MIGRATION = """
+    name: t
+    vars: {{restore: true}}
+    finally:
+      - id: cleanup
+        kind: shell
+        params: {{command: "echo cleanup >> {trail}"}}
+    tasks:
+      - id: stop_prod
+        kind: shell
+        params: {{command: "echo stop >> {trail}; echo ::finding unit=vllm.service"}}
+        on_failure:
+          id: restore_prod
+          title: Restore production
+          kind: shell
+          when: "${{vars.restore}}"
+          params: {{command: "echo restore ${{tasks.stop_prod.findings.unit}} >> {trail}"}}
+      - id: install
+        kind: shell
+        needs: stop_prod
+        params: {{command: "echo install >> {trail}"}}
+      - id: bench
+        kind: shell
+        needs: install
+        params: {{command: "echo bench >> {trail}; [ ! -e {root}/broken ] && {wait}"}}
+"""
+
+
+def migration(pdir: PlanDir, wait: str = "true") -> Path:
+    (pdir.root / "broken").touch()
+    return pdir.write(MIGRATION.format(trail=pdir.root / "trail", root=pdir.root, wait=wait))
+
+
+def trail(pdir: PlanDir) -> list[str]:
+    path = pdir.root / "trail"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def board(plan: Path) -> dict[str, dict[str, object]]:
+    r = run_orch("status", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    return {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
+
+
+def started_in(pdir: PlanDir, run_id: int) -> list[str]:
+    """The tasks run `run_id` started, in order (from the store's transition log)."""
+    with pdir.db() as db:
+        return [
+            r[0]
+            for r in db.execute(
+                "SELECT task_id FROM transitions WHERE to_status='in_progress' AND run_id=?"
+                " ORDER BY seq",
+                (run_id,),
+            )
+        ]
+
+
+# --- compensations -----------------------------------------------------------------------------
+
+
+def test_a_failure_after_a_step_runs_its_compensation_and_the_next_run_redoes_the_step(
+    pdir: PlanDir,
+) -> None:
+    plan = migration(pdir)
+    r = run_orch("run", plan)
+    assert r.returncode == 1, r.stderr
+    assert trail(pdir) == ["stop", "install", "bench", "restore vllm.service", "cleanup"]
+    tasks = board(plan)
+    assert tasks["restore_prod"]["status"] == "completed"
+    assert tasks["stop_prod"]["status"] == "pending"  # undone: the next run stops it again
+    assert tasks["stop_prod"]["reason"] == "undone by restore_prod"
+    assert tasks["install"]["status"] == "completed"  # not undone: it has no compensation
+    assert "task.compensating" in r.stderr and "undoes=stop_prod" in r.stderr
+    assert "↺ Restore production" in r.stdout
+
+    (pdir.root / "broken").unlink()
+    (pdir.root / "trail").unlink()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert trail(pdir) == ["stop", "bench", "cleanup"]  # install kept; nothing undone
+    tasks = board(plan)
+    # The plan completed: the compensation armed by this run's stop is not needed any more.
+    assert tasks["restore_prod"]["status"] == "skipped"
+    assert tasks["restore_prod"]["reason"] == "the plan completed: nothing to undo"
+    with pdir.db() as db:
+        assert db.execute("SELECT count(*) FROM todos WHERE armed_run IS NOT NULL").fetchone()[0] == 0
+    r = run_orch("run", plan)
+    assert r.returncode == 0 and "nothing to do" in r.stderr  # a finished plan stays finished
+
+
+def test_the_compensation_is_armed_in_the_same_commit_as_the_completion(pdir: PlanDir) -> None:
+    """Not before (a stop that failed would be "undone"), not after (a kill in between would
+    lose it): the arming transition and the completion share a timestamp and a transaction."""
+    plan = migration(pdir)
+    run_orch("run", plan, "--only", "stop_prod")
+    with pdir.db() as db:
+        done = db.execute(
+            "SELECT at FROM transitions WHERE task_id='stop_prod' AND to_status='completed'"
+        ).fetchone()[0]
+        armed = db.execute(
+            "SELECT at, reason FROM transitions WHERE task_id='restore_prod' AND run_id=1"
+            " AND to_status='pending' AND reason LIKE 'armed%'"
+        ).fetchone()
+        row = db.execute("SELECT armed_run, armed_at FROM todos WHERE id='restore_prod'").fetchone()
+    assert armed["at"] == done == row["armed_at"] and row["armed_run"] == 1
+    assert armed["reason"] == "armed: undoes stop_prod if the plan fails"
+    # A run that did its part (--only) is no failure: nothing is undone...
+    assert trail(pdir) == ["stop", "cleanup"]
+    assert board(plan)["stop_prod"]["status"] == "completed"
+    # ...until a later run fails: then everything armed is undone.
+    r = run_orch("run", plan)
+    assert r.returncode == 1
+    assert trail(pdir)[2:] == ["install", "bench", "restore vllm.service", "cleanup"]
+
+
+@pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGTERM])
+def test_a_run_killed_after_the_first_step_is_compensated_first_by_the_next(
+    pdir: PlanDir, how: signal.Signals
+) -> None:
+    """SIGKILL (nothing runs in the dying orch) or SIGTERM (a stop, not a failure: nothing is
+    undone then either): the next run ends what was left running, runs the compensation before
+    anything else, says so, and then does the plan."""
+    plan = migration(pdir, wait=f"[ -e {pdir.root}/fast ] || sleep 300")
+    (pdir.root / "broken").unlink()
+    runner = start_orch("run", plan)
+    wait_for(lambda: "bench" in trail(pdir), what="bench running")
+    os.killpg(runner.pid, how)
+    runner.communicate(timeout=30)
+    assert trail(pdir) == ["stop", "install", "bench"]  # the dead run undid nothing
+    (pdir.root / "fast").touch()
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert trail(pdir)[3:] == ["restore vllm.service", "cleanup", "stop", "bench", "cleanup"]
+    assert started_in(pdir, 2)[:2] == ["restore_prod", "cleanup"]
+    assert "run.compensating" in r.stderr and "armed by run #1, which did not complete" in r.stderr
+
+
+def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
+    pdir: PlanDir,
+) -> None:
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: stop_prod
+            kind: shell
+            params: {{command: "echo stop >> {pdir.root}/trail"}}
+            on_failure:
+              id: restore_prod
+              kind: shell
+              params: {{command: "[ -e {pdir.root}/unit ] && echo restore >> {pdir.root}/trail"}}
+          - id: bench
+            kind: shell
+            needs: stop_prod
+            params: {{command: "[ -e {pdir.root}/good ]"}}
+    """)
+    assert run_orch("run", plan).returncode == 1  # bench failed; the restore failed too
+    tasks = board(plan)
+    assert tasks["restore_prod"]["status"] == "failed"
+    assert tasks["stop_prod"]["status"] == "completed"  # not undone: its undo did not complete
+    (pdir.root / "good").touch()
+    r = run_orch("run", plan)  # the restore is due, fails again: nothing of the plan runs
+    assert r.returncode == 1
+    assert started_in(pdir, 2) == ["restore_prod"]
+    assert "the plan's steps did not run" in r.stderr
+    (pdir.root / "unit").touch()
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0, r.stderr
+    assert trail(pdir) == ["stop", "restore"]
+    assert started_in(pdir, 3) == ["restore_prod"]
+    assert board(plan)["stop_prod"]["status"] == "pending"
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0 and started_in(pdir, 4) == []  # nothing armed: nothing to undo
+    assert run_orch("run", plan).returncode == 0
+    assert trail(pdir) == ["stop", "restore", "stop"]
+
+
+def test_a_compensation_the_user_turned_off_is_skipped_and_undoes_nothing(pdir: PlanDir) -> None:
+    plan = migration(pdir)
+    r = run_orch("run", plan, "--var", "restore=false")
+    assert r.returncode == 1
+    assert "restore vllm.service" not in trail(pdir)
+    tasks = board(plan)
+    assert tasks["restore_prod"]["status"] == "skipped"
+    assert tasks["stop_prod"]["status"] == "completed"
+
+
+def test_guards_are_not_steps(pdir: PlanDir) -> None:
+    plan = migration(pdir)
+    r = run_orch("run", plan, "--only", "restore_prod")
+    assert r.returncode == 2
+    assert "'restore_prod' is a on_failure task: it runs when the plan fails" in r.stderr
+    assert "orch rollback" in r.stderr
+
+
+def test_bad_compensations_are_plan_errors_with_lines(pdir: PlanDir) -> None:
+    plan = pdir.write("""
+        name: t
+        finally:
+          - {id: fin, kind: shell, needs: a, params: {command: "true"}}
+          - just text
+        tasks:
+          - id: a
+            kind: shell
+            params: {command: "true"}
+            on_failure:
+              - id: a
+                kind: shell
+                params: {command: "true"}
+              - id: undo
+                kind: shel
+                params: {command: "${tasks.b.findings.x}"}
+          - id: b
+            kind: shell
+            needs: undo
+            params: {command: "true"}
+    """)
+    r = run_orch("validate", plan)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    expected = [
+        ":4: task 'fin': `needs` has no meaning in finally",
+        ":5: finally: each entry is a task",
+        ":11: duplicate task id 'a'",
+        "unknown task kind 'shel'",
+        "${tasks.b.findings.x}: 'b' is not among the needs of 'undo'",
+        ":19: task 'b' needs unknown task 'undo'",
+    ]
+    for text in expected:
+        assert any(text in line for line in lines), (text, r.stderr)
+
+
+# --- approval gates ----------------------------------------------------------------------------
+
+GATED = """
+    name: t
+    tasks:
+      - id: measure
+        kind: shell
+        params: {{command: "echo ::finding tok_s=$(cat {trail}.tok) unit=tok/s"}}
+      - id: confirm
+        kind: approve
+        needs: measure
+        params:
+          message: stop the production vLLM?
+          show: {{base_tok_s: "${{tasks.measure.findings.tok_s}}"}}
+      - id: stop
+        kind: shell
+        needs: confirm
+        params: {{command: "echo stop >> {trail}"}}
+"""
+
+
+def gated(pdir: PlanDir) -> Path:
+    (pdir.root / "trail.tok").write_text("980")
+    return pdir.write(GATED.format(trail=pdir.root / "trail"))
+
+
+def approvals(pdir: PlanDir) -> list[dict[str, object]]:
+    with pdir.db() as db:
+        return [dict(r) for r in db.execute("SELECT * FROM approvals ORDER BY seq")]
+
+
+def test_a_run_stops_at_the_gate_until_approved(pdir: PlanDir) -> None:
+    plan = gated(pdir)
+    r = run_orch("run", plan)
+    assert r.returncode == 4, r.stderr  # waiting: neither success (0) nor failure (1)
+    assert trail(pdir) == []
+    tasks = board(plan)
+    assert tasks["confirm"]["status"] == "waiting" and tasks["stop"]["status"] == "pending"
+    assert "approve: stop the production vLLM? (base_tok_s=980)" in str(tasks["confirm"]["reason"])
+    assert "? confirm" in r.stdout and "1 waiting" in r.stdout
+    with pdir.db() as db:
+        assert db.execute("SELECT outcome FROM runs").fetchone()[0] == "waiting"
+    assert run_orch("run", plan).returncode == 4  # still waiting: nobody approved
+
+    r = run_orch("approve", plan, "confirm", "--note", "maintenance window")
+    assert r.returncode == 0, r.stderr
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    assert trail(pdir) == ["stop"]
+    (record,) = approvals(pdir)
+    assert record["how"] == "orch approve" and record["note"] == "maintenance window"
+    assert str(record["by"]).startswith(os.environ.get("SUDO_USER") or getpass.getuser())
+    found = {f["key"]: f for f in board(plan)["confirm"]["findings"]}  # type: ignore[attr-defined]
+    assert found["approved_by"]["value"] == record["by"]
+    assert found["approved_by"]["note"] == "maintenance window"
+    assert found["base_tok_s"]["value"] == 980
+
+
+def test_an_edited_plan_or_changed_findings_void_the_approval(pdir: PlanDir) -> None:
+    plan = gated(pdir)
+    assert run_orch("run", plan).returncode == 4
+    assert run_orch("approve", plan, "confirm").returncode == 0
+    plan.write_text(plan.read_text().replace("echo stop", "echo stopped"))  # edited after
+    r = run_orch("run", plan)
+    assert r.returncode == 4
+    assert "no longer holds: the plan changed since" in str(board(plan)["confirm"]["reason"])
+    assert run_orch("approve", plan, "confirm").returncode == 0
+    # The figures the person saw change (measured again): asked again.
+    (pdir.root / "trail.tok").write_text("500")
+    r = run_orch("run", plan, "--rerun", "measure")
+    assert r.returncode == 4
+    reason = str(board(plan)["confirm"]["reason"])
+    assert "(base_tok_s=500)" in reason and "the findings it was shown changed since" in reason
+    assert trail(pdir) == []
+    assert run_orch("approve", plan, "confirm").returncode == 0
+    assert run_orch("run", plan).returncode == 0
+    assert trail(pdir) == ["stopped"]
+    assert len(approvals(pdir)) == 3 and len({a["plan_hash"] for a in approvals(pdir)}) == 2
+
+
+def test_approve_on_the_command_line_is_recorded_the_same_way(pdir: PlanDir) -> None:
+    plan = gated(pdir)
+    r = run_orch("run", plan, "--approve", "confirm")
+    assert r.returncode == 0, r.stderr
+    (record,) = approvals(pdir)
+    assert record["how"] == "orch run --approve" and record["run_id"] == 1
+
+
+def test_a_gate_whose_finding_is_missing_fails_and_approve_names_the_gates(pdir: PlanDir) -> None:
+    plan = gated(pdir)
+    plan.write_text(plan.read_text().replace("tok_s=", "other="))
+    r = run_orch("run", plan, "--approve", "confirm")
+    assert r.returncode == 1
+    assert "recorded no finding 'tok_s'" in str(board(plan)["confirm"]["last_error"])
+    r = run_orch("approve", plan, "measure")
+    assert r.returncode == 2 and "'measure' is not an approval gate" in r.stderr
+    assert "(gates: confirm)" in r.stderr
