@@ -290,7 +290,7 @@ def approve(
             f"{task_id!r} is not an approval gate of {plan_file}"
             f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
         )
-    store = _open_store(path)
+    store = _open_writable(path)  # approving before the first run is allowed
     try:
         if store.todo(task_id) is None:
             from .todos import ensure_plan
@@ -558,16 +558,21 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
                     "tasks": [
                         {"id": t.id, "kind": t.spec.kind, "needs": t.spec.needs} for t in plan.tasks
                     ],
+                    "guards": [
+                        {"id": g.id, "kind": g.spec.kind, "role": g.role, "protects": g.protects}
+                        for g in plan.guards
+                    ],
                 },
                 indent=2,
             )
         )
     else:
-        kinds = sorted({t.spec.kind for t in plan.tasks})
+        kinds = sorted({t.spec.kind for t in [*plan.tasks, *plan.guards]})
         from .terminal import plural
 
+        guards = f" (+ {len(plan.guards)} on_failure/finally)" if plan.guards else ""
         click.echo(
-            f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')} "
+            f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')}{guards} "
             f"({', '.join(kinds)})"
         )
 
@@ -955,7 +960,7 @@ def todo_add(
         except ValueError as exc:
             raise UsageError(f"--param: {exc}") from None
     plan = _load(plan_file, var_args)
-    store = _open_for_todo(_store_path(store_opt, plan))
+    store = _open_writable(_store_path(store_opt, plan))
     try:
         todos.add(plan, store, definition, "person")
     finally:
@@ -981,7 +986,7 @@ def todo_set(
     cancelled, failed, blocked."""
     from . import todos
 
-    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    store = _open_writable(_store_path(store_opt, None, plan_file))
     try:
         store.set_todo(task_id, todos.status_of(status_word), note, "person")
     finally:
@@ -997,7 +1002,7 @@ def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
     """Remove added task ID from the board (its history stays in the store)."""
     from .todos import remove
 
-    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    store = _open_writable(_store_path(store_opt, None, plan_file))
     try:
         remove(store, task_id, "person")
     finally:
@@ -1036,7 +1041,7 @@ def todo_note(
             key, value = parse_var(finding)
         except ValueError as exc:
             raise UsageError(f"--finding: {exc}") from None
-    store = _open_for_todo(_store_path(store_opt, None, plan_file))
+    store = _open_writable(_store_path(store_opt, None, plan_file))
     try:
         todos.note(store, task_id, "person", text, key, value, unit)
     finally:
@@ -1044,7 +1049,8 @@ def todo_note(
     click.echo(f"noted on {task_id}")
 
 
-def _open_for_todo(path: Path) -> Store:
+def _open_writable(path: Path) -> Store:
+    """The store, made if there is none yet (a person's or agent's entry may come first)."""
     from .store import Store
 
     return Store.open(path, create=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
@@ -24,7 +24,7 @@ from orchestrator import (
     TaskError,
 )
 from orchestrator.process import is_alive, terminate_pids
-from probes.nvml import Gpu, GpuProcess, Nvml, NvmlUnavailable, open_nvml
+from probes.nvml import Gpu, GpuProcess, GpuSnapshot, Nvml, NvmlUnavailable, open_nvml
 from tasks.host import format_size
 
 T = TypeVar("T")
@@ -118,9 +118,16 @@ def _indices(gpus: Sequence[Gpu]) -> str:
     return ", ".join(str(g.index) for g in gpus)
 
 
+def _open() -> Nvml | NvmlUnavailable:
+    """NVML, or the recorded state that stands in for it (RECORDED_STATE)."""
+    if recorded := os.environ.get(RECORDED_STATE):
+        return RecordedNvml(recorded)
+    return open_nvml()
+
+
 def _once(look: Callable[[Nvml], T]) -> T | NvmlUnavailable:
     """One look through a fresh NVML session (a precondition's check), closed after."""
-    nvml = open_nvml()
+    nvml = _open()
     if isinstance(nvml, NvmlUnavailable):
         return nvml
     with nvml:
@@ -237,7 +244,7 @@ class GpuWaitFree(Task[WaitFreeParams]):
         remaining = ctx.remaining()
         deadline = started + (p.timeout if remaining is None else min(p.timeout, remaining))
         max_used = int(p.max_used_mib * MIB)
-        nvml = open_nvml()
+        nvml = _open()
         if isinstance(nvml, NvmlUnavailable):
             raise TaskError(str(nvml))
         with nvml:
@@ -358,8 +365,6 @@ class GpuPool(Pool):
     every = 2.0
 
     def look(self) -> dict[str, str | None]:
-        if recorded := os.environ.get(RECORDED_STATE):
-            return free_gpus(recorded_gpus(recorded))
         snap = _once(lambda nvml: nvml.snapshot())
         if isinstance(snap, NvmlUnavailable):
             raise PoolUnavailable(str(snap))
@@ -369,9 +374,27 @@ class GpuPool(Pool):
         return {"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "CUDA_VISIBLE_DEVICES": ",".join(ids)}
 
 
-# A recorded NVML state (JSON) the pool reads instead of NVML: how the lease logic of an 8-GPU
-# host is tested on machines without one (the real NVML path runs in tests/test_gpu.py).
+# A recorded NVML state (JSON) every GPU kind reads instead of NVML: how the lease logic of an
+# 8-GPU host, and the flagship's steps around its GPUs, are tested on machines without one (the
+# real NVML path runs in tests/test_gpu.py, on the GPU machine).
 RECORDED_STATE = "ORCH_GPU_STATE"
+
+
+class RecordedNvml(Nvml):
+    """NVML's answers read from a file of `recorded_gpus` rows, again at every snapshot."""
+
+    def __init__(self, path: str) -> None:  # no NVML module behind it
+        self.path = path
+
+    def close(self) -> None:
+        pass
+
+    def snapshot(
+        self, indices: Iterable[int] | None = None, processes: bool = True
+    ) -> GpuSnapshot | NvmlUnavailable:
+        wanted = None if indices is None else set(indices)
+        gpus = [g for g in recorded_gpus(self.path) if wanted is None or g.index in wanted]
+        return GpuSnapshot("recorded", tuple(gpus), time.monotonic(), 0.0)
 
 
 def recorded_gpus(path: str) -> list[Gpu]:

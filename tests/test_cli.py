@@ -226,7 +226,9 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
     order = (
         "orch validate",
         "orch plan",
+        "orch approve",
         "orch run",
+        "orch rollback",
         "orch status",
         "orch todo",
         "orch events",

@@ -65,12 +65,13 @@ def test_without_gpus_the_flagship_stops_at_its_first_precondition(tmp_path: Pat
     r = run_orch("run", plan, "--store", tmp_path / "s.db", "--json")
     assert r.returncode == 1 and "Traceback" not in r.stderr
     tasks = {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
-    assert tasks["stop_vllm"]["status"] == "blocked"
-    assert tasks["stop_vllm"]["reason"] == (
+    # Before it asks anyone to approve stopping production.
+    assert tasks["confirm_stop"]["status"] == "blocked"
+    assert tasks["confirm_stop"]["reason"] == (
         "precondition gpu.count failed: NVML unavailable: no NVIDIA driver here "
         "(libnvidia-ml.so.1 not found)"
     )
-    assert tasks["free_gpus"]["reason"] == "needs stop_vllm, which is blocked"
+    assert tasks["stop_vllm"]["reason"] == "needs confirm_stop, which is blocked"
     assert all(t["attempts"] == 0 for t in tasks.values())  # nothing was started
 
 

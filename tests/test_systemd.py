@@ -12,11 +12,13 @@ import json
 import os
 import re
 import socket
+import sqlite3
 import subprocess
 import sys
 import tempfile
 import textwrap
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -522,6 +524,61 @@ def test_plan_stops_a_server_and_waits_for_its_port(sandbox: Sandbox, pdir: Plan
     )
     assert re.search(r"✓ next_step .* next=ran$", board, re.MULTILINE)
     assert "2 tasks: 2 completed" in board
+
+
+FLAGSHIP = Path(__file__).resolve().parent.parent / "plans" / "sglang_migration.yaml"
+
+
+def test_the_flagship_restores_vllm_when_the_install_fails(sandbox: Sandbox, pdir: PlanDir) -> None:
+    """plans/sglang_migration.yaml itself, its production vLLM a unit of the real systemd and
+    its GPUs eight idle ones from a recorded NVML state: approved on the command line, it stops
+    the unit, finds the GPUs free, fails to install SGLang, and starts the unit again; the stop
+    is pending for the next run. Then the same failure with `restore_vllm=false` leaves the
+    unit stopped."""
+    unit = make_unit(sandbox)
+    gpus = pdir.root / "gpus.json"
+    gpus.write_text(json.dumps([{"index": i, "used_mib": 300} for i in range(8)]))
+
+    def flagship(*args: str) -> dict[str, dict[str, Any]]:
+        r = sandbox.run(
+            [ORCH, "run", str(FLAGSHIP), "--store", str(pdir.root / "f.db"), "--json",
+             "--approve", "confirm_stop", "--var", f"vllm_unit={unit.name}",
+             "--var", "venv=/proc/no-venv-here", *args],
+            env={"ORCH_GPU_STATE": str(gpus)},
+            timeout=180,
+        )  # fmt: skip
+        assert r.returncode == 1, r.stdout + r.stderr
+        return {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
+
+    tasks = flagship()
+    assert tasks["stop_vllm"]["status"] == "pending", tasks["stop_vllm"]
+    assert tasks["stop_vllm"]["reason"] == "undone by restore_vllm"
+    assert tasks["free_gpus"]["status"] == "completed"
+    assert tasks["install_sglang"]["status"] == "failed"
+    assert tasks["restore_vllm"]["status"] == "completed"
+    assert probe(sandbox, unit.name)["describe"].startswith(f"{unit.name} is active (running)")
+    wait_for(lambda: _port_open(unit.port), 10, "production answering again")
+    with closing(sqlite3.connect(pdir.root / "f.db")) as db:
+        order = [
+            r[0]
+            for r in db.execute(
+                "SELECT task_id || ' ' || to_status FROM transitions WHERE run_id=1"
+                " AND to_status IN ('completed', 'failed') ORDER BY seq"
+            )
+        ]
+    assert order == [
+        "confirm_stop completed",
+        "stop_vllm completed",
+        "free_gpus completed",
+        "install_sglang failed",  # both attempts
+        "install_sglang failed",
+        "restore_vllm completed",
+    ]
+
+    tasks = flagship("--var", "restore_vllm=false")
+    assert tasks["restore_vllm"]["status"] == "skipped"
+    assert tasks["stop_vllm"]["status"] == "completed"
+    assert probe(sandbox, unit.name)["describe"] == f"{unit.name} is inactive (dead)"
 
 
 # --- server.launch under systemd ------------------------------------------------------------------
