@@ -100,7 +100,8 @@ def test_a_failure_after_a_step_runs_its_compensation_and_the_next_run_redoes_th
     assert tasks["restore_prod"]["status"] == "skipped"
     assert tasks["restore_prod"]["reason"] == "the plan completed: nothing to undo"
     with pdir.db() as db:
-        assert db.execute("SELECT count(*) FROM todos WHERE armed_run IS NOT NULL").fetchone()[0] == 0
+        armed = db.execute("SELECT count(*) FROM todos WHERE armed_run IS NOT NULL").fetchone()
+    assert armed[0] == 0
     r = run_orch("run", plan)
     assert r.returncode == 0 and "nothing to do" in r.stderr  # a finished plan stays finished
 
