@@ -67,9 +67,13 @@ class Selection:
                     f"(tasks: {', '.join(plan.by_id)})"
                 )
             if (role := plan.by_id[task_id].role) is not None:
-                when = "when the plan fails" if role == "on_failure" else "at the end of a run"
+                what = (
+                    "a compensation: it runs when the plan fails"
+                    if role == "on_failure"
+                    else "a `finally` task: it runs at the end of a run"
+                )
                 raise UsageError(
-                    f"{task_id!r} is a {role} task: it runs {when}, not as a step; "
+                    f"{task_id!r} is {what}, not as a step; "
                     f"`orch rollback {plan.file}` runs what is armed now"
                 )
         holders = {r["name"]: r["task_id"] for r in resources}

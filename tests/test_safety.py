@@ -206,7 +206,7 @@ def test_guards_are_not_steps(pdir: PlanDir) -> None:
     plan = migration(pdir)
     r = run_orch("run", plan, "--only", "restore_prod")
     assert r.returncode == 2
-    assert "'restore_prod' is a on_failure task: it runs when the plan fails" in r.stderr
+    assert "'restore_prod' is a compensation: it runs when the plan fails" in r.stderr
     assert "orch rollback" in r.stderr
 
 
