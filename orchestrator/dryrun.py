@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .approvals import GATE_KIND
 from .errors import TemplateError
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .selection import Action, Selection, decide
@@ -82,6 +83,10 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
                 action, reason = "block", blocked
                 statuses[task.id] = Status.BLOCKED
             else:
+                if task.spec.kind == GATE_KIND:  # it may pass, if an approval holds by then
+                    reason = (
+                        f"{reason + '; ' if reason else ''}an approval gate: waits unless approved"
+                    )
                 if when is None:
                     reason = f"{reason + '; ' if reason else ''}if {task.spec.when}"
                 if unchecked := [c.kind for c in task.checks if not _checkable(c, lookup)]:
@@ -94,6 +99,18 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"
         steps.append({"id": task.id, "action": action, "reason": reason, "changed": list(d.stale)})
+    armed = {r["id"]: r["armed_run"] for r in store.armed()} if store else {}
+    due = {r["id"] for r in store.due()} if store else set()
+    for guard in plan.guards:  # not steps: what runs if the plan fails, or at a run's end
+        what = f"undoes {guard.protects} if the plan fails" if guard.protects else "at the end"
+        if guard.id in due:
+            action, state = "undo", "due: runs first"
+        else:
+            action = "guard"
+            state = f"armed by run #{armed[guard.id]}" if guard.id in armed else "not armed"
+        steps.append(
+            {"id": guard.id, "action": action, "reason": f"{what} ({state})", "changed": []}
+        )
     return steps
 
 
