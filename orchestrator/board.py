@@ -238,6 +238,10 @@ def status_json(
                 "output_tail": r["output_tail"],
                 "log_path": r["log_path"],
                 "stale": list(stale[r["id"]]) if r["id"] in stale else None,
+                # A compensation (`on_failure`) or `finally` task: what it undoes, whether armed.
+                "role": role(r),
+                "protects": r["protects"] if role(r) else None,
+                "armed_run": r["armed_run"] if role(r) else None,
                 "findings": [
                     {
                         "key": f.key,

@@ -389,7 +389,9 @@ async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dic
         board = json.loads(outputs.get("stdout", b"") or b"null")
     except ValueError:
         board = None
-    outcome = {0: "completed", 1: "failed", 130: "interrupted"}.get(code or 0, f"exit {code}")
+    outcome = {0: "completed", 1: "failed", 4: "waiting for an approval", 130: "interrupted"}.get(
+        code or 0, f"exit {code}"
+    )
     return {
         "exit_code": code,
         "outcome": outcome,
