@@ -341,6 +341,9 @@ def test_status_json_schema_and_todowrite(pdir: PlanDir) -> None:
         "output_tail",
         "log_path",
         "stale",
+        "role",
+        "protects",
+        "armed_run",
         "findings",
     }
     todo = json.loads(run_orch("status", plan, "--format", "todowrite").stdout)
