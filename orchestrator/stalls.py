@@ -353,7 +353,8 @@ def _dump(pid: int) -> tuple[bool, str]:
     return True, done.stdout.rstrip()
 
 
-_THREAD = re.compile(r'^Thread (?:0x)?\w+ \((\w+)\): "([^"]*)"')
+# `Thread 7 (idle): "MainThread"`; without `threading` imported py-spy knows no name.
+_THREAD = re.compile(r'^Thread (?:0x)?\w+ \((\w+)\)(?:: "([^"]*)")?')
 _FRAME = re.compile(r"^\s+(.+?) \((.+):(\d+)\)$")
 
 
@@ -363,7 +364,7 @@ def top_frame(dump: str) -> tuple[str, str, str, int] | None:
     threads: list[tuple[str, str, tuple[str, str, int] | None]] = []
     for line in dump.splitlines():
         if m := _THREAD.match(line):
-            threads.append((m.group(2), m.group(1), None))
+            threads.append((m.group(2) or "", m.group(1), None))
         elif threads and threads[-1][2] is None and (f := _FRAME.match(line)):
             name, state, _ = threads[-1]
             threads[-1] = (name, state, (f.group(1), f.group(2), int(f.group(3))))
