@@ -476,3 +476,76 @@ def test_server_launch_tells_loading_from_hung(pdir: PlanDir) -> None:
     error = str(task["last_error"])
     assert error.startswith("stalled: no output, no CPU, no GPU change for 3s"), error
     assert f"grower.py:{line_of(pdir.root / 'grower.py', '# <- stops')}: time.sleep" in error
+
+
+# --- server.launch: loading or hung --------------------------------------------------------------
+
+SERVER = """\
+import runpy, sys, threading, time
+if sys.argv[2] == "hung":
+    lock = threading.Lock()
+    lock.acquire()
+    lock.acquire()  # <- hung
+end = time.monotonic() + 3  # "loading": busy, silent, then serves
+while time.monotonic() < end:
+    pass
+sys.argv = ["openai_stub.py", sys.argv[1]]
+runpy.run_path(STUB, run_name="__main__")
+"""
+
+
+def launch_plan(pdir: PlanDir, mode: str, fields: str) -> Path:
+    stub = Path(__file__).with_name("openai_stub.py")
+    (pdir.root / "server.py").write_text(SERVER.replace("STUB", repr(str(stub))))
+    port = free_port()
+    return pdir.write(f"""
+        name: t
+        tasks:
+          - id: launch
+            kind: server.launch
+            stall_after: 1s
+            {fields}
+            params:
+              flavour: command
+              command: [{sys.executable}, server.py, "{port}", {mode}]
+              port: {port}
+              progress_every: 0.5s
+              ready_timeout: 1m
+          - {{id: stop, kind: server.stop, needs: [launch], params: {{server: launch}}}}
+    """)
+
+
+def test_server_launch_a_busy_load_is_loading(pdir: PlanDir) -> None:
+    r = run_orch("run", launch_plan(pdir, "busy", ""), cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    assert "task.stalled" not in r.stderr and "loading for" in r.stderr
+
+
+def test_server_launch_a_hung_load_is_stalled_with_its_stack(pdir: PlanDir) -> None:
+    plan = launch_plan(pdir, "hung", "on_stall: fail")
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 1, r.stderr
+    task = status(pdir, plan)
+    error = str(task["last_error"])
+    line = line_of(pdir.root / "server.py", "# <- hung")
+    assert error.startswith("stalled: no output, no CPU for 1s; pid "), error
+    assert f"main thread idle in <module> at server.py:{line}: lock.acquire()" in error
+    stalls = pdir.root / ".orch" / "t.runs" / "1" / "launch.stalls.txt"
+    assert "py-spy dump of pid" in stalls.read_text()
+    with pdir.db() as conn:  # the server was stopped and let go
+        held = conn.execute("SELECT released_at FROM resources WHERE name='launch'").fetchone()
+    assert held["released_at"] is not None
+
+
+def test_server_launch_says_stalled_while_it_waits(pdir: PlanDir) -> None:
+    """on_stall wait (the default): the stall is recorded, the progress says stalled, not
+    loading, and the load goes on until its ready_timeout."""
+    plan = launch_plan(pdir, "hung", "")
+    plan.write_text(plan.read_text().replace("ready_timeout: 1m", "ready_timeout: 3s"))
+    r = run_orch("run", plan, cwd=pdir.root)
+    assert r.returncode == 1, r.stderr
+    assert "task.stalled" in r.stderr and "stalled: nothing moved for" in r.stderr
+    task = status(pdir, plan)
+    assert str(task["last_error"]).startswith("not ready after 3s")
+    [stalled] = [f for f in task["findings"] if f["key"] == "stalled"]  # type: ignore[attr-defined]
+    assert "server.py:5: lock.acquire()" in stalled["note"]
