@@ -360,14 +360,14 @@ def _gpu_child(
 ) -> subprocess.Popen[bytes]:
     child = tmp_path / "grower.py"
     child.write_text(GROWER)
-    log = (tmp_path / "grower.log").open("wb")
-    proc = subprocess.Popen(
-        [sys.executable, str(child), str(steps), str(then_sleep)],
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-        env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu_uuid},
-    )
+    with (tmp_path / "grower.log").open("wb") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen(
+            [sys.executable, str(child), str(steps), str(then_sleep)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu_uuid},
+        )
     deadline = time.monotonic() + 120
     while b"ready" not in (tmp_path / "grower.log").read_bytes():
         assert proc.poll() is None and time.monotonic() < deadline, (
