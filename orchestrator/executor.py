@@ -43,6 +43,7 @@ from .process import INTERRUPTS, tail
 from .resources import LEASE_KIND, release_all
 from .selection import Action, Selection, decide
 from .snapshot import remember_stale
+from .stalls import MAX_RESTARTS, StallPolicy, StallReport, TaskStalled
 from .status import Status
 from .store import GuardChange, Store, runs_dir
 from .task import Context, PoolUnavailable
@@ -571,8 +572,10 @@ class Runner:
         attempt: int,
         granted: dict[str, list[str]] | None = None,
         approval: dict[str, Any] | None = None,
+        restarts: int = 0,
     ) -> bool:
-        """One try; True if it completed."""
+        """One try; True if it completed. A stall with `on_stall: restart` runs it again, up
+        to MAX_RESTARTS times (`restarts` so far), without using one of its retries."""
         findings: list[Finding] = []
         log_path = self.log_dir / f"{task.id}.log"
         try:
@@ -617,6 +620,7 @@ class Runner:
                 PROCESS_MARKER: self.marker(self.run_id, task.id, number),
             },
             approval,
+            stall_policy(task),
         )
         try:
             task.cls(params).run(ctx)
@@ -629,6 +633,12 @@ class Runner:
                 ended_at=time.time(),
             )
             raise
+        except TaskStalled as exc:
+            if exc.restart and restarts < MAX_RESTARTS:
+                self.settle(task, Status.FAILED, str(exc), findings, retrying=True)
+                self.log.warning("task.restarting", task=task.id, restart=restarts + 1)
+                return self.attempt(task, attempt, granted, approval, restarts + 1)
+            error = str(exc) + (f" (restarted {restarts} times)" if exc.restart else "")
         except TaskError as exc:
             error = str(exc)
         except Exception as exc:  # a bug in a task class fails the task, not the run
@@ -810,6 +820,24 @@ class _Sink:
 
     def release(self, name: str) -> None:
         self.runner.store.release(name, self.task_id, f"by task {self.task_id}")
+
+    def stalled(self, report: StallReport) -> None:
+        finding = Finding("stalled", round(report.idle, 1), "s", report.summary)
+        self.runner.store.finding_now(self.task_id, checked(finding), self.runner.run_id)
+        self.runner.log.warning(
+            "task.stalled",
+            task=self.task_id,
+            idle=f"{report.idle:.0f}s",
+            why=report.summary,
+            evidence=str(report.evidence),
+            then=report.action,
+        )
+
+
+def stall_policy(task: PlannedTask) -> StallPolicy | None:
+    """The task's `stall_after` and `on_stall` (the plan's defaults filled in at load)."""
+    after = task.spec.stall_after
+    return None if after is None else StallPolicy(after, task.spec.on_stall or "wait")
 
 
 @contextmanager

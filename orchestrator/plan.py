@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
 from .errors import PlanError, PlanIssue, Suggester, did_you_mean
@@ -44,6 +44,22 @@ def _as_task_list(value: object) -> object:
     return [value] if isinstance(value, dict) else value
 
 
+def _stall_after(seconds: float) -> float:
+    from .stalls import MIN_STALL_AFTER
+
+    if seconds < MIN_STALL_AFTER:
+        raise ValueError(
+            f"{seconds:g}s is too short: at least {MIN_STALL_AFTER:g}s (progress is sampled "
+            "every 0.2s at best)"
+        )
+    return seconds
+
+
+# How long a task's processes may make no progress before it is reported stalled (stalls.py).
+StallAfter = Annotated[Duration, AfterValidator(_stall_after)]
+OnStall = Literal["wait", "fail", "restart"]
+
+
 class Retries(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -68,6 +84,9 @@ class TaskSpec(BaseModel):
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
         default_factory=lambda: Retries()
     )
+    # Stall watch of its processes; not in the spec hash (like timeout): a run-time policy.
+    stall_after: StallAfter | None = None
+    on_stall: OnStall | None = None
     # What it holds while it runs, of the plan's `resources` (name -> units): with --jobs, a
     # task starts only when its units are free. Scheduling only: not in the spec hash.
     # Or of a pool the host has by id (`gpus: 2`, `gpus: [0, 1]`: registry.POOL_GROUP).
@@ -99,6 +118,8 @@ class PlanHeader(BaseModel):
     jobs: int = Field(1, ge=1, le=64, description="tasks run at once (--jobs overrides)")
     # Named resources and their units (`disk-heavy: 1`, `port: 4`): tasks hold some of them.
     resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
+    stall_after: StallAfter | None = None  # every task's, unless it says otherwise
+    on_stall: OnStall | None = None
     tasks: list[Any] = Field(min_length=1)
     # Tasks run at the end of every run that did work, whatever its outcome (or first thing in
     # the next run, if this one was killed).
@@ -320,6 +341,7 @@ def _load_plan(
                         "it could never start",
                     )
                 )
+    specs = _stall_defaults(src, specs, header, issues)
     upstream = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
@@ -491,6 +513,37 @@ def _resources_from_vars(raw: Any, variables: dict[str, Any]) -> Any:
         m = _VAR_ONLY.fullmatch(units) if isinstance(units, str) else None
         out[name] = variables[m.group(1)] if m and m.group(1) in variables else units
     return {**raw, "resources": out}
+
+
+def _stall_defaults(
+    src: Located,
+    specs: list[tuple[int, TaskSpec]],
+    header: PlanHeader | None,
+    issues: list[PlanIssue],
+) -> list[tuple[int, TaskSpec]]:
+    """The plan's `stall_after`/`on_stall` filled in where a task has none; `on_stall` with no
+    `stall_after` anywhere is refused (it would never fire)."""
+    after = header.stall_after if header else None
+    action = header.on_stall if header else None
+    if action is not None and after is None and all(s.stall_after is None for _, s in specs):
+        issues.append(
+            src.issue(
+                ("on_stall",), "on_stall needs stall_after: how long without progress is a stall"
+            )
+        )
+    out = []
+    for i, spec in specs:
+        if spec.on_stall is not None and spec.stall_after is None and after is None:
+            issues.append(
+                src.issue(
+                    ("tasks", i, "on_stall"),
+                    f"task {spec.id!r}: on_stall needs stall_after (on the task or the plan)",
+                )
+            )
+        fill = {k: v for k, v in (("stall_after", after), ("on_stall", action)) if v is not None}
+        fill = {k: v for k, v in fill.items() if getattr(spec, k) is None}
+        out.append((i, spec.model_copy(update=fill) if fill else spec))
+    return out
 
 
 def _is_pool(name: str) -> bool:

@@ -17,11 +17,14 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .errors import TaskTimeout
 from .redact import mask
 from .umask import user_umask
+
+if TYPE_CHECKING:
+    from .stalls import StallPolicy, StallReport
 
 PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
 LOG_LIMIT = 64 * 1024 * 1024  # default cap on one process's output in its task log
@@ -58,11 +61,15 @@ def run_process(
     on_wait: Callable[[str], None] | None = None,
     log_limit: int | None = LOG_LIMIT,
     jail_by: str = "ORCH_TASK",
+    stall: StallPolicy | None = None,
+    on_stall: Callable[[StallReport], None] | None = None,
 ) -> ProcessResult:
     """Run argv to completion; when it ends, on deadline or any exception (Ctrl-C) end every
     process it started: its group, and its jail (containment.py) when `env` carries `jail_by`.
 
-    The log keeps at most about `log_limit` bytes of this process's output (see LogCap)."""
+    The log keeps at most about `log_limit` bytes of this process's output (see LogCap). With
+    `stall`, a process tree that makes no progress for `stall.after` seconds is reported to
+    `on_stall` (stalls.py), then waited on, or ended with TaskStalled, as `stall.action` says."""
     from .containment import jail  # containment builds on this module
 
     full_env = {**os.environ, **(env or {})}
@@ -98,6 +105,14 @@ def run_process(
             box.end(grace, proc)
 
     cap = LogCap(log_path, offset, log_limit) if log_limit is not None else None
+    watch = None
+    if stall is not None:
+        from .stalls import StallWatcher, evidence_path
+
+        def members() -> list[int]:
+            return box.members() if box is not None else group_members(proc.pid)
+
+        watch = StallWatcher(stall, members, log_path, offset, evidence_path(log_path))
     try:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised here
         if on_start is not None:
@@ -105,7 +120,7 @@ def run_process(
         next_note = started + PROGRESS_EVERY
         while True:
             now = time.monotonic()
-            wait_for = min(next_note - now, LOG_CHECK_EVERY if cap else PROGRESS_EVERY)
+            wait_for = min(next_note - now, LOG_CHECK_EVERY if cap or watch else PROGRESS_EVERY)
             if deadline is not None:
                 wait_for = min(wait_for, deadline - now)
             try:
@@ -115,6 +130,9 @@ def run_process(
                 pass
             if cap is not None:
                 cap.check()
+            if watch is not None and (report := watch.check()) is not None:
+                _stalled(report, on_stall)
+                watch.rebase()
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 end()
@@ -130,7 +148,18 @@ def run_process(
     finally:
         if cap is not None:
             cap.check()
+        if watch is not None:
+            watch.close()
     return ProcessResult(proc.returncode, log_path, offset)
+
+
+def _stalled(report: StallReport, on_stall: Callable[[StallReport], None] | None) -> None:
+    """Record a stall, then act on it: TaskStalled (ending the processes) unless `wait`."""
+    from .stalls import act
+
+    if on_stall is not None:
+        on_stall(report)
+    act(report)
 
 
 def _child_setup(

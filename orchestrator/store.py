@@ -976,6 +976,24 @@ class Store:
                 ),
             )
 
+    def finding_now(self, task_id: str, finding: Finding, run_id: int) -> None:
+        """A finding of the running attempt committed at once, not with its end: a stall's
+        evidence must be on record while the task still waits (or the run is killed)."""
+        with self._tx() as c:
+            c.execute(
+                "INSERT INTO findings(task_id, attempt, key, value, unit, note, at, run_id)"
+                " SELECT id, attempts, ?, ?, ?, ?, ?, ? FROM todos WHERE id=?",
+                (
+                    finding.key,
+                    mask_value(_encode(finding.value)),
+                    finding.unit,
+                    mask_value(finding.note),
+                    time.time(),
+                    run_id,
+                    task_id,
+                ),
+            )
+
     def added(self) -> list[sqlite3.Row]:
         """The tasks on the board that no plan file declares, in board order."""
         return self.conn.execute(

@@ -23,6 +23,7 @@ from .process import LOG_LIMIT, ProcessResult, run_process
 
 if TYPE_CHECKING:
     from .report import Section
+    from .stalls import StallPolicy, StallReport
 
 # A params field written as `30s`, `5m`, `1h30m` or seconds; pydantic holds it as float seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]
@@ -76,6 +77,7 @@ class ContextSink(Protocol):
     def hold(self, name: str, data: dict[str, Any]) -> None: ...
     def held(self, name: str) -> dict[str, Any] | None: ...
     def release(self, name: str) -> None: ...
+    def stalled(self, report: StallReport) -> None: ...
 
 
 @dataclass
@@ -90,6 +92,7 @@ class Context:
     sink: ContextSink
     env: Mapping[str, str] = field(default_factory=dict)  # marks processes as this task's
     approval: Mapping[str, Any] | None = None  # an approval gate's, once approved
+    stall: StallPolicy | None = None  # the task's stall_after and on_stall (stalls.py)
 
     def finding(
         self, key: str, value: FindingValue, unit: str | None = None, note: str | None = None
@@ -113,6 +116,13 @@ class Context:
     def release(self, name: str) -> None:
         """Record that this task has ended the resource `name`."""
         self.sink.release(name)
+
+    def stalled(self, report: StallReport) -> None:
+        """Record a stall of this task's processes: the `stalled` finding (committed at once)
+        and a line in the task's log naming the evidence file. `ctx.run` calls it; a kind that
+        waits on processes of its own (server.launch) calls it from its StallWatcher."""
+        self.log(f"[orch: stalled: {report.summary}; evidence: {report.evidence or 'not written'}]")
+        self.sink.stalled(report)
 
     def log(self, text: str) -> None:
         """Append `text` (a line, or lines) to this task's log: what `orch logs ID` shows."""
@@ -150,6 +160,8 @@ class Context:
             on_start=self.sink.process_started,
             on_wait=self.sink.progress,
             log_limit=log_limit,
+            stall=self.stall,
+            on_stall=self.stalled,
         )
         last_words = ""  # one pass: a server's log can be large
         for line in result.lines():

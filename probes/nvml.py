@@ -133,6 +133,15 @@ class Nvml:
             procs, error = self._processes(handle, mig)
         return Gpu(index, uuid, name, used, total, procs, mig, error)
 
+    def utilisation(self, index: int) -> int | None:
+        """Percent of the last sample period a kernel ran on GPU `index` (snapshot() first);
+        None where NVML cannot tell (MIG, some virtual GPUs)."""
+        n = self._n
+        try:
+            return int(n.nvmlDeviceGetUtilizationRates(self._static[index][0]).gpu)
+        except (n.NVMLError, KeyError):
+            return None
+
     def _mig_enabled(self, handle: Any) -> bool:
         n = self._n
         try:

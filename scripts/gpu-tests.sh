@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The GPU tests (tests/test_gpu.py, marker `gpu`), on a machine with an NVIDIA GPU and driver.
+# The GPU tests (tests/test_gpu.py and tests/test_stalls.py, marker `gpu`), on a machine with an
+# NVIDIA GPU and driver.
 #
 #   scripts/gpu-tests.sh [PYTEST ARGS...]         e.g. scripts/gpu-tests.sh -k latency
 #
@@ -35,4 +36,4 @@ fi
 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${offline[@]}" -e .
 
 export PYTHONUNBUFFERED=1
-exec "$venv/bin/python" -m pytest tests/test_gpu.py -ra "$@"
+exec "$venv/bin/python" -m pytest tests/test_gpu.py tests/test_stalls.py -ra "$@"

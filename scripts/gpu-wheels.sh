@@ -18,7 +18,7 @@ names=(pydantic pydantic-core annotated-types typing-inspection typing-extension
        prometheus-client
        mcp mcp-types anyio h11 httpcore2 httpx2 truststore jsonschema jsonschema-specifications
        referencing rpds-py opentelemetry-api pyjwt python-multipart sse-starlette starlette
-       uvicorn cryptography cffi pycparser)
+       uvicorn cryptography cffi pycparser py-spy)
 read -r -a pins < <("$py" -c '
 import importlib.metadata as md, sys
 print(" ".join(f"{n}=={md.version(n)}" for n in sys.argv[1:]))' "${names[@]}")
@@ -27,5 +27,6 @@ mkdir .wheels
 "$py" -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
     --python-version "$version" --implementation cp \
     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 \
-    --platform manylinux2014_x86_64 -d .wheels "${pins[@]}" 'setuptools>=68'
+    --platform manylinux2014_x86_64 --platform manylinux1_x86_64 \
+    -d .wheels "${pins[@]}" 'setuptools>=68'
 ls -s .wheels

@@ -24,7 +24,15 @@ from orchestrator import (
     TaskError,
 )
 from orchestrator.process import is_alive, terminate_pids
-from probes.nvml import Gpu, GpuProcess, GpuSnapshot, Nvml, NvmlUnavailable, open_nvml
+from probes.nvml import (
+    Gpu,
+    GpuProcess,
+    GpuSnapshot,
+    Nvml,
+    NvmlUnavailable,
+    holds_nvidia_device,
+    open_nvml,
+)
 from tasks.host import format_size
 
 T = TypeVar("T")
@@ -423,3 +431,47 @@ def free_gpus(gpus: Sequence[Gpu]) -> dict[str, str | None]:
         str(g.index): busy(g, LEASE_MAX_USED_MIB * MIB, no_processes=True)
         for g in sorted(gpus, key=lambda g: g.index)
     }
+
+
+class GpuProgress:
+    """The engine's GPU progress probe (entry-point group `orch.progress`, stalls.py): GPU
+    memory and utilisation that a stalled-looking task moves, so a loader filling GPU memory
+    without a word or a CPU cycle is loading, not hung.
+
+    Which GPUs: those NVML lists the task's pids on, reading the memory those pids hold there;
+    where NVML's pids are the host's (a container) and none matches, but a task process has a
+    /dev/nvidia* file open, every GPU's memory in use; a task with no GPU process reads nothing,
+    so another workload's GPUs never mask its stall. Without a driver it reads nothing."""
+
+    def __init__(self) -> None:
+        self.nvml: Nvml | NvmlUnavailable | None = None  # opened on the first read
+
+    def read(self, pids: Sequence[int]) -> dict[str, float]:
+        if self.nvml is None:
+            self.nvml = open_nvml()
+        if isinstance(self.nvml, NvmlUnavailable):
+            return {}
+        snap = self.nvml.snapshot()
+        if isinstance(snap, NvmlUnavailable):
+            return {}
+        mine = set(pids)
+        readings: dict[str, float] = {}
+        for gpu in snap.gpus:
+            held = [p.used_bytes or 0 for p in gpu.processes if p.pid in mine]
+            if held:
+                readings[f"gpu{gpu.index}.task_mib"] = sum(held) // MIB
+        if readings:
+            indices = {int(k[3:].split(".")[0]) for k in readings}
+        elif any(holds_nvidia_device(pid) for pid in pids):
+            indices = {gpu.index for gpu in snap.gpus}
+            readings = {f"gpu{g.index}.used_mib": g.used_bytes // MIB for g in snap.gpus}
+        else:
+            return {}
+        for index in sorted(indices):
+            if (util := self.nvml.utilisation(index)) is not None:
+                readings[f"gpu{index}.util_pct"] = util
+        return readings
+
+    def close(self) -> None:
+        if isinstance(self.nvml, Nvml):
+            self.nvml.close()

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.containment import Jail, jail
 from orchestrator.process import is_alive, last_line, tail
+from orchestrator.stalls import StallPolicy, StallWatcher, TaskStalled, act, evidence_path
 from orchestrator.terminal import plural
 from orchestrator.umask import user_umask
 from probes import http
@@ -55,6 +56,9 @@ LAUNCHERS: dict[str, list[str]] = {
     "sglang": ["python3", "-m", "sglang.launch_server"],
 }
 LOG_TAIL_LINES = 15
+# A load with nothing moving (no log line, no CPU, no GPU memory or utilisation change) for this
+# long is reported stalled with a stack, unless the task sets its own `stall_after`.
+LOADING_STALL_AFTER = 600.0
 _children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap once ended
 
 
@@ -418,6 +422,14 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
     next_note = started + p.progress_every
     stage = "connection refused"
     gpu = _GpuMemory()
+    # Loading and hung look alike from outside: the watcher tells them apart, with a stack.
+    watch = StallWatcher(
+        ctx.stall or StallPolicy(LOADING_STALL_AFTER),
+        lambda: supervisor(handle).leftovers(handle),
+        log,
+        _size(log),
+        evidence_path(ctx.log_path),
+    )
     try:
         while True:
             if not supervisor(handle).alive(handle):
@@ -430,6 +442,9 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
                 return time.monotonic() - started
             except http.Unreachable as exc:
                 stage = str(exc)
+            if (report := watch.check()) is not None:
+                ctx.stalled(report)
+                act(report)  # on_stall fail or restart: TaskStalled, and run() stops the server
             now = time.monotonic()
             if now >= deadline:
                 raise TaskError(
@@ -437,14 +452,27 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
                     f"{last_line(log)}"
                 )
             if now >= next_note:
+                state = (
+                    f"stalled: nothing moved for {watch.idle():.0f}s, loading for"
+                    if watch.stalled
+                    else "loading for"
+                )
                 ctx.progress(
-                    f"loading for {now - started:.0f}s ({stage}){gpu.describe()}; "
+                    f"{state} {now - started:.0f}s ({stage}){gpu.describe()}; "
                     f"log: {last_line(log, limit=120)}"
                 )
                 next_note = now + p.progress_every
             time.sleep(0.5)
     finally:
         gpu.close()
+        watch.close()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def _probe(p: LaunchParams) -> None:
@@ -550,6 +578,8 @@ class ServerLaunch(Task[LaunchParams]):
         except (TaskError, http.Unreachable) as exc:  # a retry must find the port free
             _stop_all(handle, p.stop_timeout)
             ctx.release(name)
+            if isinstance(exc, TaskStalled):
+                raise  # the engine restarts it when on_stall says so
             raise TaskError(str(exc)) from None
         ctx.hold(name, {**held, **resolved})  # bench.serve reads these
         ctx.finding("url", p.url)
