@@ -232,6 +232,8 @@ class Runner:
         one of them did not complete: the host is not as the plan expects, so nothing runs."""
         due = self.store.armed() if self.options.rollback else self.store.due()
         if not due:
+            if self.options.rollback:
+                self.log.warning("rollback.nothing", why="nothing is armed: nothing to undo")
             return True
         self.log.warning(
             "run.compensating",
