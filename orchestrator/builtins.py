@@ -63,7 +63,8 @@ class PythonParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     function: str = Field(description="module:function, called with `args` as keywords")
-    args: dict[str, Any] = {}
+    # A factory, not `= {}`: pydantic deep-copies a mutable default at every validation.
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class PythonTask(Task[PythonParams]):
