@@ -212,11 +212,18 @@ def _construct(node: yaml.Node, path: Path_, located: Located) -> Any:
                         result.update(new)
                         merged |= new.keys()
                 continue
-            key = _construct(key_node, (*path, "<key>"), located)
+            # Text keys and values (most of a plan) inline: what _construct would return.
+            if key_node.tag == _STR and type(key_node) is yaml.ScalarNode:
+                key = key_node.value
+            else:
+                key = _construct(key_node, (*path, "<key>"), located)
             if key in result and key not in merged:
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
             merged.discard(key)
-            result[key] = _construct(value_node, (*path, key), located)
+            if value_node.tag == _STR and type(value_node) is yaml.ScalarNode:
+                result[key] = value_node.value
+            else:
+                result[key] = _construct(value_node, (*path, key), located)
             # A value's line is its key's: a block mapping or list starts a line below it.
             located.lines[(*path, key)] = key_node.start_mark.line + 1
         located.lines.pop((*path, "<key>"), None)
