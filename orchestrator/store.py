@@ -556,6 +556,8 @@ class Store:
                 "SELECT id, position, title, priority, kind, needs, origin, in_plan FROM todos"
             )
         }
+        added: list[tuple[Any, ...]] = []  # new tasks' rows, and their first transitions
+        logged: list[tuple[Any, ...]] = []
         with self._tx() as c:
             for s in specs:
                 needs = json.dumps(list(s.needs))
@@ -571,17 +573,20 @@ class Store:
                         (*fields, s.origin, s.id),
                     )
                     continue
-                c.execute(
-                    "INSERT INTO todos(position, title, priority, kind, needs, origin, id,"
-                    " status, spec_hash, spec, updated_at, attempts, in_plan)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
-                    (*fields, s.id, s.spec_hash, s.spec, now),
-                )
-                c.execute(
-                    "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id,"
-                    " attempt) VALUES (?, NULL, 'pending', ?, 'added to the plan', ?, 0)",
-                    (s.id, now, run_id),
-                )
+                added.append((*fields, s.id, s.spec_hash, s.spec, now))
+                logged.append((s.id, now, run_id))
+            # New tasks in two statements, not two per task (a new 1000-task plan)
+            c.executemany(
+                "INSERT INTO todos(position, title, priority, kind, needs, origin, id,"
+                " status, spec_hash, spec, updated_at, attempts, in_plan)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
+                added,
+            )
+            c.executemany(
+                "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id,"
+                " attempt) VALUES (?, NULL, 'pending', ?, 'added to the plan', ?, 0)",
+                logged,
+            )
             gone = [task_id for task_id, row in current.items() if row[-1]]
             # Only the plan file's own tasks leave with it: added ones stay until removed.
             c.executemany(
