@@ -22,7 +22,7 @@ from .umask import user_umask
 
 
 class ShellParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: Command = Field(
         description="a string run by `bash -c` (with pipefail), or an argv list run directly"
@@ -60,10 +60,11 @@ class ShellTask(Task[ShellParams]):
 
 
 class PythonParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     function: str = Field(description="module:function, called with `args` as keywords")
-    args: dict[str, Any] = {}
+    # A factory, not `= {}`: pydantic deep-copies a mutable default at every validation.
+    args: dict[str, Any] = Field(default_factory=dict)
 
 
 class PythonTask(Task[PythonParams]):
@@ -134,7 +135,7 @@ def _alarm(seconds: float | None) -> Iterator[None]:
 
 
 class CommandParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: str = Field(description="run by `bash -c`; exit 0 means the condition holds")
     timeout: float = 60.0

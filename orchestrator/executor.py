@@ -165,6 +165,9 @@ class Runner:
         self.finally_armed = False  # the plan's `finally` tasks, armed by the first start
         self.mended = True  # what earlier runs left due was undone (mend_first)
         self.lease_lock = threading.Lock()
+        # Tasks started together that lease from a pool, in plan order, until their first try:
+        # threads reach lease() in any order, the earlier task must choose its members first.
+        self.lease_turns: list[str] = []
 
     def run(self) -> RunResult:
         after = self.selection.after  # a revived holder's releasers come after its users
@@ -338,6 +341,9 @@ class Runner:
                         self.wait_for(task, short, held, running.values())
                         continue
                     held.update(want)
+                    if any(n not in self.plan.resources for n in task.spec.resources):
+                        with self.lease_lock:
+                            self.lease_turns.append(task.id)
                     running[pool.submit(self.visit_in_thread, task)] = task
                 for item in waiting:
                     heapq.heappush(ready, item)
@@ -375,6 +381,19 @@ class Runner:
         deadline = None if task.spec.timeout is None else time.monotonic() + task.spec.timeout
         shown = None
         while True:
+            with self.lease_lock:
+                if (
+                    self.lease_turns
+                    and self.lease_turns[0] != task.id
+                    and task.id in self.lease_turns
+                ):
+                    turn = False
+                else:
+                    turn = True
+                    self.take_turn(task.id)
+            if not turn:
+                time.sleep(0.005)
+                continue
             with self.lease_lock:
                 granted, why = self.try_lease(wanted)
                 if never := [w for w in why if NOT_HERE in w]:
@@ -457,6 +476,12 @@ class Runner:
             self.visit(task)
         finally:
             del self.threads[task.id]
+            with self.lease_lock:  # it ended before its lease (skipped, blocked, interrupted)
+                self.take_turn(task.id)
+
+    def take_turn(self, task_id: str) -> None:
+        if task_id in self.lease_turns:
+            self.lease_turns.remove(task_id)
 
     def wait_for(
         self, task: PlannedTask, short: list[str], held: Counter[str], running: Any

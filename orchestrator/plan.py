@@ -61,7 +61,7 @@ OnStall = Literal["wait", "fail", "restart"]
 
 
 class Retries(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     attempts: int = Field(1, ge=1, le=100, description="tries in all, the first included")
     delay: Duration = Field(0.0, description="wait between tries")
@@ -70,7 +70,7 @@ class Retries(BaseModel):
 class TaskSpec(BaseModel):
     """One entry of `tasks:`. The names are the plan's words."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     id: str = Field(pattern=ID_PATTERN, max_length=MAX_ID_CHARS)
     title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
@@ -102,7 +102,7 @@ class TaskSpec(BaseModel):
 class CheckSpec(BaseModel):
     """The engine's part of a precondition entry; every other key is the kind's param."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
     kind: str
     wait: Duration | None = Field(None, description="poll until it holds, up to this long")
@@ -110,7 +110,7 @@ class CheckSpec(BaseModel):
 
 
 class PlanHeader(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_ID_CHARS)
     description: str = ""

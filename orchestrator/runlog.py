@@ -6,6 +6,7 @@ import json
 import logging
 import sys
 from collections.abc import MutableMapping
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -21,10 +22,7 @@ LEVELS = {
     "error": logging.ERROR,
     "critical": logging.CRITICAL,  # nothing orch logs: the live board shows the run
 }
-
-
-def _masked(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
-    return {k: mask_value(v) for k, v in event.items()}
+_LEVEL_NAMES = {"warn": "warning", "exception": "error"}  # as structlog's add_log_level
 
 
 def configure(events_path: Path | None, console_level: str = "info") -> TextIO | None:
@@ -35,7 +33,16 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
     sink = events_path.open("a", encoding="utf-8", buffering=1) if events_path else None
     threshold = LEVELS[console_level]
 
-    def tee(logger: Any, method: str, event: MutableMapping[str, Any]) -> MutableMapping[str, Any]:
+    # One processor for what every event needs (two per task): level, local ISO time, masking,
+    # its JSON line; what only the terminal needs happens after the drop. As structlog's
+    # add_log_level, TimeStamper(fmt="iso", utc=False) and a masking step would, in one call.
+    def record(
+        logger: Any, method: str, event: MutableMapping[str, Any]
+    ) -> MutableMapping[str, Any]:
+        event["level"] = _LEVEL_NAMES.get(method, method)
+        event["timestamp"] = datetime.now().isoformat()
+        # Before both sinks: a secret reaches neither events.jsonl nor the terminal.
+        event = mask_value(event)
         if sink is not None:
             sink.write(json.dumps(event, default=str) + "\n")
         if LEVELS.get(method, logging.INFO) < threshold:
@@ -47,10 +54,7 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
 
     structlog.configure(
         processors=[
-            structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=False),
-            _masked,  # before both sinks: a secret reaches neither events.jsonl nor the terminal
-            tee,
+            record,
             structlog.dev.ConsoleRenderer(
                 colors=use_color(sys.stderr), pad_event_to=18, sort_keys=False
             ),

@@ -6,8 +6,9 @@ status change), `findings` (append-only, per attempt), `runs` (one per `orch run
 WAL mode with synchronous=NORMAL: a commit survives a crash or SIGKILL of the process at any
 moment (a power cut may lose the last commits, never consistency); ~20 us per commit.
 
-Reads use the stdlib sqlite3 connection directly; sqlite-utils creates the schema. Why split:
-importing sqlite_utils costs ~70 ms, more than the whole start-up budget of `orch status`.
+Reads and writes use the stdlib sqlite3 connection directly; sqlite-utils upgrades an older
+store's schema, a new store's is plain DDL made from the same tables (`schema_ddl`). Why:
+importing sqlite_utils costs ~70-100 ms, more than the whole start-up budget of `orch status`.
 
 Storage faults are outcomes (StoreError, exit 2), never tracebacks: an existing file that is
 empty, not SQLite, or fails `PRAGMA quick_check` is refused, never taken as new (a new store is
@@ -178,6 +179,41 @@ PLAN_ORIGIN = "plan"
 _FRESH: dict[str, Any] = dict.fromkeys(
     ("last_error", "output_tail", "started_at", "ended_at", "pgid", "pgid_started_at")
 )
+_INDEXES = {"transitions": ("task_id", "seq"), "findings": ("task_id", "attempt")}
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bytes: "BLOB"}
+
+
+def _sql_default(value: Any) -> str:
+    return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else str(value)
+
+
+@functools.cache
+def schema_ddl() -> tuple[str, ...]:
+    """CREATE statements of the current schema, from COLUMNS and _TABLE_OPTIONS, in the text
+    sqlite-utils writes for them (a test holds the two equal); indexes as _upgrade_schema's."""
+    statements = []
+    for table, columns in COLUMNS.items():
+        options = _TABLE_OPTIONS[table]
+        refs = {column: (other, key) for column, other, key in options.get("foreign_keys", [])}
+        lines = []
+        for column, kind in columns.items():
+            line = f'   "{column}" {_SQL_TYPES[kind]}'
+            if column == options["pk"]:
+                line += " PRIMARY KEY"
+            if column in options.get("not_null", ()):
+                line += " NOT NULL"
+            if column in options.get("defaults", {}):
+                line += f" DEFAULT {_sql_default(options['defaults'][column])}"
+            if column in refs:
+                line += f' REFERENCES "{refs[column][0]}"("{refs[column][1]}")'
+            lines.append(line)
+        statements.append(f'CREATE TABLE "{table}" (\n' + ",\n".join(lines) + "\n)")
+    for table, index in _INDEXES.items():
+        quoted = ", ".join(f'"{c}"' for c in index)
+        statements.append(
+            f'CREATE INDEX "idx_{table}_{"_".join(index)}"\n    ON "{table}" ({quoted})'
+        )
+    return tuple(statements)
 
 
 @dataclass(frozen=True)
@@ -250,6 +286,12 @@ def lost_message(path: Path, replaced: bool = False) -> str:
         "stopped; restore the store from a backup, or run again to start over (every task "
         "runs again)"
     )
+
+
+@functools.cache
+def _update_todo_sql(columns: tuple[str, ...]) -> str:
+    """A transition's UPDATE for these columns: the same few texts every time, made once."""
+    return f"UPDATE todos SET {', '.join(f'{k}=?' for k in columns)} WHERE id=?"
 
 
 def _guarded(method: Callable[P, R]) -> Callable[P, R]:
@@ -455,7 +497,7 @@ class Store:
                     f"{self.path} has an older schema ({version}) and is "
                     "read-only: run `orch run` on it once where it is writable"
                 )
-            self._create_schema()
+            self._upgrade_schema()
         if create:  # the runs folder holds the logs: private like the store
             runs_dir(self.path).mkdir(mode=PRIVATE_DIR, exist_ok=True)
 
@@ -472,6 +514,14 @@ class Store:
             raise StoreError(lost_message(self.path, replaced=st is not None))
 
     def _create_schema(self) -> None:
+        """A new store: plain DDL (importing sqlite_utils costs ~100 ms of a 1000-task run)."""
+        with self._tx():
+            for statement in schema_ddl():
+                self.conn.execute(statement)
+            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _upgrade_schema(self) -> None:
+        """An older store: sqlite-utils adds what a later schema version has."""
         import sqlite_utils  # lazily: see the module docstring
 
         db = sqlite_utils.Database(self.conn)
@@ -485,8 +535,8 @@ class Store:
                     db.table(table).add_column(
                         column, COLUMNS[table][column], not_null_default=default
                     )
-            db.table("transitions").create_index(["task_id", "seq"], if_not_exists=True)
-            db.table("findings").create_index(["task_id", "attempt"], if_not_exists=True)
+            for table, index in _INDEXES.items():
+                db.table(table).create_index(list(index), if_not_exists=True)
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
@@ -552,6 +602,8 @@ class Store:
                 " in_plan FROM todos"
             )
         }
+        added: list[tuple[Any, ...]] = []  # new tasks' rows, and their first transitions
+        logged: list[tuple[Any, ...]] = []
         with self._tx() as c:
             for s in specs:
                 needs = json.dumps(list(s.needs))
@@ -576,17 +628,20 @@ class Store:
                         (*fields, s.origin, s.id),
                     )
                     continue
-                c.execute(
-                    "INSERT INTO todos(position, title, priority, kind, needs, origin, role,"
-                    " protects, id, status, spec_hash, spec, updated_at, attempts, in_plan)"
-                    " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
-                    (*fields, s.id, s.spec_hash, s.spec, now),
-                )
-                c.execute(
-                    "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id,"
-                    " attempt) VALUES (?, NULL, 'pending', ?, 'added to the plan', ?, 0)",
-                    (s.id, now, run_id),
-                )
+                added.append((*fields, s.id, s.spec_hash, s.spec, now))
+                logged.append((s.id, now, run_id))
+            # New tasks in two statements, not two per task (a new 1000-task plan)
+            c.executemany(
+                "INSERT INTO todos(position, title, priority, kind, needs, origin, role,"
+                " protects, id, status, spec_hash, spec, updated_at, attempts, in_plan)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, 'pending', ?, ?, ?, 0, 1)",
+                added,
+            )
+            c.executemany(
+                "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id,"
+                " attempt) VALUES (?, NULL, 'pending', ?, 'added to the plan', ?, 0)",
+                logged,
+            )
             gone = [task_id for task_id, row in current.items() if row[-1]]
             # Only the plan file's own tasks leave with it: added ones stay until removed.
             c.executemany(
@@ -820,8 +875,7 @@ class Store:
         }
         if run_id is not None:
             values["run_id"] = run_id
-        assignments = ", ".join(f"{k}=?" for k in values)
-        c.execute(f"UPDATE todos SET {assignments} WHERE id=?", (*values.values(), task_id))
+        c.execute(_update_todo_sql(tuple(values)), (*values.values(), task_id))
         c.execute(
             "INSERT INTO transitions(task_id, from_status, to_status, at, reason, run_id, attempt)"
             " VALUES (?, ?, ?, ?, ?, ?, ?)",

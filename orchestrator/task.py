@@ -62,7 +62,7 @@ Command = Annotated[str | Argv, BeforeValidator(_command_shape)]
 
 
 class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 P = TypeVar("P", bound=BaseModel)

@@ -149,32 +149,44 @@ def check_bounds(text: str, file: str) -> None:
             stack[-1][0] += values
             stack[-1][1] = max(stack[-1][1], levels + 1)
 
-    for event in yaml.parse(text, Loader=_Loader):
-        if isinstance(event, yaml.CollectionStartEvent):
-            count(event, 1, 1)
-            stack.append([1, 1, event.anchor])
-        elif isinstance(event, yaml.CollectionEndEvent):
-            values, levels, anchor = stack.pop()
-            if anchor is not None:
-                anchors[anchor] = (values, levels)
-            close(values, levels)
-        elif isinstance(event, yaml.ScalarEvent):
-            if len(event.value) > MAX_SCALAR_CHARS:
-                raise fail(
-                    event,
-                    f"a value of {len(event.value):,} characters; the limit is "
-                    f"{MAX_SCALAR_CHARS:,} (put long text in a file)",
-                )
-            count(event, 1, 0)
-            if event.anchor is not None:
-                anchors[event.anchor] = (1, 0)
-            close(1, 0)
-        elif isinstance(event, yaml.AliasEvent):
-            if any(frame[2] == event.anchor for frame in stack):
-                raise fail(event, f"alias *{event.anchor} refers to a value that contains it")
-            if event.anchor in anchors:  # an undefined one is left to compose to report
-                count(event, *anchors[event.anchor], alias=True)
-                close(*anchors[event.anchor])
+    # Dispatch on the exact event class (the parsers make no subclasses): a plan is mostly
+    # scalars, so theirs is the short path. get_event() returns None after the stream's end.
+    loader = _Loader(text)
+    try:
+        while (event := loader.get_event()) is not None:
+            kind = type(event)
+            if kind is yaml.ScalarEvent:
+                if len(event.value) > MAX_SCALAR_CHARS:
+                    raise fail(
+                        event,
+                        f"a value of {len(event.value):,} characters; the limit is "
+                        f"{MAX_SCALAR_CHARS:,} (put long text in a file)",
+                    )
+                # count(event, 1, 0) and close(1, 0), inlined: a scalar adds no level, and
+                # the stack is never deeper than MAX_DEPTH (checked at each collection start)
+                total += 1
+                if total > MAX_VALUES:
+                    count(event, 0, 0)  # raises
+                if event.anchor is not None:
+                    anchors[event.anchor] = (1, 0)
+                if stack:
+                    stack[-1][0] += 1
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                count(event, 1, 1)
+                stack.append([1, 1, event.anchor])
+            elif kind is yaml.MappingEndEvent or kind is yaml.SequenceEndEvent:
+                values, levels, anchor = stack.pop()
+                if anchor is not None:
+                    anchors[anchor] = (values, levels)
+                close(values, levels)
+            elif kind is yaml.AliasEvent:
+                if any(frame[2] == event.anchor for frame in stack):
+                    raise fail(event, f"alias *{event.anchor} refers to a value that contains it")
+                if event.anchor in anchors:  # an undefined one is left to compose to report
+                    count(event, *anchors[event.anchor], alias=True)
+                    close(*anchors[event.anchor])
+    finally:
+        loader.dispose()
 
 
 class _DuplicateKey(Exception):
@@ -183,6 +195,7 @@ class _DuplicateKey(Exception):
 
 
 _scalar_constructor = yaml.SafeLoader("")
+_STR = "tag:yaml.org,2002:str"
 
 
 def _construct(node: yaml.Node, path: Path_, located: Located) -> Any:
@@ -199,15 +212,24 @@ def _construct(node: yaml.Node, path: Path_, located: Located) -> Any:
                         result.update(new)
                         merged |= new.keys()
                 continue
-            key = _construct(key_node, (*path, "<key>"), located)
+            # Text keys and values (most of a plan) inline: what _construct would return.
+            if key_node.tag == _STR and type(key_node) is yaml.ScalarNode:
+                key = key_node.value
+            else:
+                key = _construct(key_node, (*path, "<key>"), located)
             if key in result and key not in merged:
                 raise _DuplicateKey(str(key), key_node.start_mark.line + 1)
             merged.discard(key)
-            result[key] = _construct(value_node, (*path, key), located)
+            if value_node.tag == _STR and type(value_node) is yaml.ScalarNode:
+                result[key] = value_node.value
+            else:
+                result[key] = _construct(value_node, (*path, key), located)
             # A value's line is its key's: a block mapping or list starts a line below it.
             located.lines[(*path, key)] = key_node.start_mark.line + 1
         located.lines.pop((*path, "<key>"), None)
         return result
     if isinstance(node, yaml.SequenceNode):
         return [_construct(child, (*path, i), located) for i, child in enumerate(node.value)]
+    if node.tag == _STR:  # most of a plan: the constructor would return the text as it is
+        return node.value
     return _scalar_constructor.construct_object(node, deep=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 import time
@@ -12,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.store import SCHEMA_VERSION
+from orchestrator.store import COLUMNS, SCHEMA_VERSION, Store
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -214,6 +215,44 @@ def test_an_older_store_is_upgraded_and_keeps_its_record(pdir: PlanDir) -> None:
         origins = dict(db.execute("SELECT id, origin FROM todos").fetchall())
     assert origins == {"a": "plan", "b": "plan", "new": "person"}
     assert run_orch("run", plan).returncode == 0 and ran(pdir) == ["a", "b"]
+
+
+def test_a_new_stores_schema_is_what_sqlite_utils_builds(tmp_path: Path) -> None:
+    """A new store is made by plain DDL, an older one upgraded by sqlite-utils: the same
+    schema text as sqlite-utils writes from COLUMNS, and an upgraded store the same columns."""
+    new = Store.open(tmp_path / "new.db")
+    by_utils = Store(tmp_path / "utils.db", sqlite3.connect(tmp_path / "utils.db"))
+    by_utils.conn.isolation_level = None
+    by_utils._upgrade_schema()  # on an empty file: every table and index made by sqlite-utils
+    old = Store.open(tmp_path / "old.db")
+    old.conn.execute("PRAGMA foreign_keys=OFF")
+    for table, column in (("todos", "origin"), ("todos", "definition"), ("findings", "author")):
+        old.conn.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+    old.conn.execute("PRAGMA user_version=2")
+    old.close()
+    upgraded = Store.open(tmp_path / "old.db")
+
+    def schema(store: Store) -> list[tuple[Any, ...]]:
+        q = "SELECT type, name, tbl_name, sql FROM sqlite_master ORDER BY name"
+        return [tuple(r) for r in store.conn.execute(q)]
+
+    def columns(store: Store, table: str) -> set[tuple[Any, ...]]:
+        return {tuple(r) for r in store.conn.execute(f"PRAGMA table_info({table})")}
+
+    def foreign_keys(store: Store, table: str) -> list[tuple[Any, ...]]:
+        return [tuple(r) for r in store.conn.execute(f"PRAGMA foreign_key_list({table})")]
+
+    assert schema(new) == schema(by_utils)
+    assert {r[1] for r in schema(new)} >= {*COLUMNS, "idx_transitions_task_id_seq"}
+    for table in COLUMNS:  # the column order aside (added columns come last), and NOT NULL:
+        # add_column makes a column with a default NOT NULL, as it always has on upgrade
+        assert {(c[1], c[2], c[4], c[5]) for c in columns(new, table)} == {
+            (c[1], c[2], c[4], c[5]) for c in columns(upgraded, table)
+        }
+        assert foreign_keys(new, table) == foreign_keys(upgraded, table)
+    for store in (new, upgraded):
+        assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+        store.close()
 
 
 def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
