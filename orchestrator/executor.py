@@ -292,7 +292,12 @@ class Runner:
         if armed and not self.compensate(armed):
             outcome = "failed"
         self.store.end_run(self.run_id, outcome)
-        spare = [r["id"] for r in self.store.armed() if r["role"] == "on_failure"]
+        # Armed or never armed (their step was skipped): nothing of theirs can be due now.
+        spare = [
+            r["id"]
+            for r in self.store.todos()
+            if r["role"] == "on_failure" and r["status"] == Status.PENDING
+        ]
         if spare and outcome == "completed" and self.store.all_done():
             self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
