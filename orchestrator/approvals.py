@@ -12,6 +12,7 @@ from __future__ import annotations
 import getpass
 import hashlib
 import json
+import os
 import socket
 import sqlite3
 from collections.abc import Mapping, Sequence
@@ -28,24 +29,12 @@ def plan_hash(plan: Plan) -> str:
     return hashlib.sha256(json.dumps(tasks).encode()).hexdigest()[:16]
 
 
-def upstream(plan: Plan, task_id: str) -> list[str]:
-    """Every task the gate needs, directly or not."""
-    seen: set[str] = set()
-    stack = list(plan.by_id[task_id].spec.needs)
-    while stack:
-        need = stack.pop()
-        if need not in seen:
-            seen.add(need)
-            stack.extend(plan.by_id[need].spec.needs)
-    return sorted(seen)
-
-
 def findings_hash(plan: Plan, task_id: str, findings: Mapping[str, Sequence[Finding]]) -> str:
     """The findings of the gate's upstream tasks' latest attempts (notes by people and agents
     left out: a comment on the board is not a changed measurement)."""
     seen = [
         (t, f.key, repr(f.value), f.unit)
-        for t in upstream(plan, task_id)
+        for t in plan.upstream(task_id)
         for f in findings.get(t, ())
         if f.author is None
     ]
@@ -54,8 +43,6 @@ def findings_hash(plan: Plan, task_id: str, findings: Mapping[str, Sequence[Find
 
 def who() -> str:
     """The person approving: the login name (SUDO_USER when run through sudo) at this host."""
-    import os
-
     name = os.environ.get("SUDO_USER") or getpass.getuser()
     return f"{name}@{socket.gethostname()}"
 

@@ -301,7 +301,7 @@ class Runner:
         if spare and outcome == "completed" and self.store.all_done():
             self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
-        return self.result(outcome) if outcome != result.outcome else result
+        return self.result(outcome)
 
     def guard_change(self, task: PlannedTask, to: Status) -> GuardChange | None:
         """What this transition of `task` does to compensations and `finally` tasks."""
@@ -387,14 +387,7 @@ class Runner:
         shown = None
         while True:
             with self.lease_lock:
-                if (
-                    self.lease_turns
-                    and self.lease_turns[0] != task.id
-                    and task.id in self.lease_turns
-                ):
-                    turn = False
-                else:
-                    turn = True
+                if turn := task.id not in self.lease_turns[1:]:  # first in line, or not in it
                     self.take_turn(task.id)
             if not turn:
                 time.sleep(0.005)

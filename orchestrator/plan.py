@@ -195,6 +195,17 @@ class Plan:
             for need in t.spec.needs:
                 self.dependents[need].append(t.id)
 
+    def upstream(self, task_id: str) -> list[str]:
+        """Every task `task_id` needs, directly or not, sorted."""
+        seen: set[str] = set()
+        stack = list(self.by_id[task_id].spec.needs)
+        while stack:
+            need = stack.pop()
+            if need not in seen:
+                seen.add(need)
+                stack.extend(self.by_id[need].spec.needs)
+        return sorted(seen)
+
     def downstream(self, task_id: str) -> list[str]:
         """`task_id` and every task that depends on it, directly or not, in plan order."""
         seen = {task_id}

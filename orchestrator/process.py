@@ -272,7 +272,7 @@ def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]
         if not entry.isdigit():
             continue
         pid = int(entry)
-        stat = _stat_fields(pid)
+        stat = stat_fields(pid)
         if stat is None or stat[2] == "Z" or int(stat[4]) != pgid:
             continue
         if marker is not None and not _has_marker(pid, marker):
@@ -312,11 +312,11 @@ def terminate_marked(
 
 def is_alive(pid: int) -> bool:
     """The process exists and is not a zombie."""
-    stat = _stat_fields(pid)
+    stat = stat_fields(pid)
     return stat is not None and stat[2] not in ("Z", "X")
 
 
-def _stat_fields(pid: int) -> list[str] | None:
+def stat_fields(pid: int) -> list[str] | None:
     """Fields of /proc/PID/stat, with the command name (which may hold spaces) as one field."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
@@ -342,7 +342,7 @@ def process_start_time(pid: int) -> float | None:
 
     With the pid and the boot id this identifies a process: a reused pid starts later.
     """
-    stat = _stat_fields(pid)
+    stat = stat_fields(pid)
     if stat is None:
         return None
     return int(stat[21]) / os.sysconf("SC_CLK_TCK")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal, Protocol
 
 from .errors import TaskError
-from .process import _stat_fields, tail
+from .process import stat_fields, tail
 from .redact import mask
 
 PROBE_GROUP = "orch.progress"
@@ -256,7 +256,7 @@ def _cpu(pids: Sequence[int]) -> dict[int, float]:
     """Seconds of CPU per live pid, from /proc (no psutil: this runs every sample)."""
     found: dict[int, float] = {}
     for pid in pids:
-        stat = _stat_fields(pid)
+        stat = stat_fields(pid)
         if stat is None or len(stat) < 17:
             continue
         found[pid] = sum(int(x) for x in stat[13:17]) / _TICK  # utime stime cutime cstime
@@ -284,7 +284,7 @@ class _Proc:
 
 
 def _describe(pid: int, cpu_idle: float) -> _Proc:
-    stat = _stat_fields(pid) or []
+    stat = stat_fields(pid) or []
     field_ = stat.__getitem__ if len(stat) > 23 else (lambda _: "?")
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
