@@ -209,36 +209,51 @@ def doit_command() -> list[str]:
 def doit_rows(
     tmp: Path, reps: int, orch_run: list[str], orch_status: list[str], clear_store: Thunk
 ) -> list[Row]:
-    """doit and orch side by side, each figure's commands interleaved (drift hits both)."""
-    doit = doit_command()
-    n, folder, ms = 1000, tmp / "doit", 1000.0
-    folder.mkdir()
-    dodo = folder / "dodo.py"
-    dodo.write_text(DODO.format(n=n))
-    at = ["-f", str(dodo), "--dir", str(folder)]
+    """doit and orch side by side, each figure's commands interleaved (drift hits both).
 
-    def clear() -> None:
-        for p in folder.glob(".doit.db*"):
-            p.unlink()
+    Per task, two figures: the whole run of the 1000-task chain less `python -c pass` (what
+    start-up costs, imports and all, spread over the tasks), and the marginal cost of a task:
+    (run of 2000 - run of 1000) / 1000, start-up cancelled out. The issue's figures (orch 0.284,
+    doit 0.109 ms) are the marginal kind: doit's whole-run figure is ~0.135 ms here, its slope
+    ~0.10 ms. The target (1.5x) is judged on the marginal figure; both are printed."""
+    doit = doit_command()
+    ms = 1000.0
+    at: dict[int, list[str]] = {}
+    orch_at: dict[int, list[str]] = {1000: orch_run}
+    clears: dict[str, Thunk] = {}
+    for n in (1000, 2000):
+        folder = tmp / f"doit{n}"
+        folder.mkdir()
+        dodo = folder / "dodo.py"
+        dodo.write_text(DODO.format(n=n))
+        at[n] = ["-f", str(dodo), "--dir", str(folder)]
+        clears[f"doit{n}"] = lambda folder=folder: [p.unlink() for p in folder.glob(".doit.db*")]
+    plan2000, store2000 = write_plan(tmp, "chain", 2000), tmp / "chain2000-vs-doit.db"
+    orch_at[2000] = [ORCH, "run", str(plan2000), "-q", "--store", str(store2000)]
+    clears["orch1000"], clears["orch2000"] = clear_store, fresh(store2000)
 
     passes: list[float] = []
-    runs: dict[str, list[float]] = {"doit": [], "orch": []}
+    runs: dict[tuple[str, int], list[float]] = {}
     for _ in range(reps):
         passes.append(timed(proc([PYTHON, "-c", "pass"])))
-        clear()
-        runs["doit"].append(timed(proc([*doit, "run", *at])))
-        clear_store()
-        runs["orch"].append(timed(proc(orch_run)))
+        for n in (1000, 2000):
+            for tool, argv in (("doit", [*doit, "run", *at[n]]), ("orch", orch_at[n])):
+                clears[f"{tool}{n}"]()
+                runs.setdefault((tool, n), []).append(timed(proc(argv)))
     pass_s = statistics.median(passes)
-    per = {k: (statistics.median(v) - pass_s) / n for k, v in runs.items()}
-    proc([*doit, "run", *at])()  # both finished: what a re-run and a listing face
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    whole = {tool: (med[tool, 1000] - pass_s) / 1000 for tool in ("doit", "orch")}
+    marginal = {tool: (med[tool, 2000] - med[tool, 1000]) / 1000 for tool in ("doit", "orch")}
+    at_1000 = at[1000]
+    proc([*doit, "run", *at_1000])()  # both finished: what a re-run and a listing face
+    proc(orch_run)()
     rerun = dict(
-        zip(("doit", "orch"), round_robin([[*doit, "run", *at], orch_run], reps), strict=True)
+        zip(("doit", "orch"), round_robin([[*doit, "run", *at_1000], orch_run], reps), strict=True)
     )
     listing = dict(
         zip(
             ("doit", "orch"),
-            round_robin([[*doit, "list", "--all", "--status", *at], orch_status], reps),
+            round_robin([[*doit, "list", "--all", "--status", *at_1000], orch_status], reps),
             strict=True,
         )
     )
@@ -253,8 +268,10 @@ def doit_rows(
         ]  # fmt: skip
 
     return [
-        *pair("per task", f"doit {DOIT_VERSION} run - python -c pass, chain of {n}",
-              f"orch run - python -c pass, chain of {n}", per, "ms/task", "≤1.5"),
+        *pair("per task", f"doit {DOIT_VERSION}, marginal: (2000 - 1000 chain) / 1000",
+              "orch, marginal: (2000 - 1000 chain) / 1000", marginal, "ms/task", "≤1.5"),
+        *pair("whole run / n", "doit run - python -c pass, chain of 1000 / 1000",
+              "orch run - python -c pass, chain of 1000 / 1000", whole, "ms/task", ""),
         *pair("re-run", "doit run, everything up to date", "orch run, finished plan unchanged",
               rerun, "ms", "≤0.5"),
         *pair("status", "doit list --all --status", "orch status PLAN", listing, "ms", "≤1.0"),

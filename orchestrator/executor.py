@@ -192,6 +192,7 @@ class Runner:
                     self.visit(self.plan.by_id[task_id])
                     sorter.done(task_id)
                     push(sorter.get_ready())
+                self.store.flush()  # the last completion: servers may be ended next
         except KeyboardInterrupt as exc:
             # Wherever the interrupt landed (even between two commits), close the run and its
             # tasks together; a second Ctrl-C is held back until that is committed.
@@ -383,6 +384,7 @@ class Runner:
         wanted = {n: v for n, v in task.spec.resources.items() if n not in self.plan.resources}
         if not wanted:
             return {}
+        self.store.flush()  # the lease may wait
         deadline = None if task.spec.timeout is None else time.monotonic() + task.spec.timeout
         shown = None
         while True:
@@ -672,7 +674,11 @@ class Runner:
                 f.write(traceback.format_exc())
         else:
             duration = time.time() - started
-            self.settle(task, Status.COMPLETED, None, findings, ended_at=time.time())
+            # Run alone, a completion is committed with what comes next (its successor's
+            # start, most often): one commit instead of two, and nothing outside this process
+            # happens in between (host checks, leases and leftovers flush it first).
+            hold = self.jobs == 1
+            self.settle(task, Status.COMPLETED, None, findings, hold=hold, ended_at=time.time())
             # Findings as one field: a finding named `task` must not collide with the event's.
             found = {"findings": text} if (text := summarize(findings)) else {}
             self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s", **found)
@@ -697,12 +703,14 @@ class Runner:
         reason: str | None,
         findings: Sequence[Finding] = (),
         retrying: bool = False,
+        hold: bool = False,
         **fields: Any,
     ) -> None:
-        """Record a task's new status (committed), and react: log it, stop after a failure.
-        A failed attempt that will be retried is a warning, not yet the task's failure."""
+        """Record a task's new status (committed; with `hold`, by the next write), and react:
+        log it, stop after a failure. A failed attempt that will be retried is a warning, not
+        yet the task's failure."""
         guards = self.guard_change(task, to)
-        self.store.transition(task.id, to, reason, self.run_id, findings, guards, **fields)
+        self.store.transition(task.id, to, reason, self.run_id, findings, guards, hold, **fields)
         self.statuses[task.id] = to
         if to is Status.COMPLETED or to is Status.INTERRUPTED:
             return
@@ -759,6 +767,8 @@ class Runner:
 
     def check_preconditions(self, task: PlannedTask) -> str | None:
         """None if every precondition holds (waiting where asked), else what was found."""
+        if task.checks:
+            self.store.flush()  # a check looks at the host, and may wait
         for check in task.checks:
             if (problem := self.check_one(task, check)) is not None:
                 return problem
@@ -810,6 +820,7 @@ class Runner:
         if row is None or row["run_id"] is None or row["status"] == Status.COMPLETED:
             return
         marker = (PROCESS_MARKER, self.marker(row["run_id"], task.id, row["attempts"]))
+        self.store.flush()
         ended = jail(marker).end(grace=10.0)
         if ended:
             self.log.warning(

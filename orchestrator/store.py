@@ -45,6 +45,7 @@ from .status import ALLOWED, MANUAL, Status
 SCHEMA_VERSION = 4  # 2: resources; 3: tasks added at run time (origin, definition), authors;
 # 4: compensations and `finally` tasks (role, protects, armed_run, armed_at), approvals
 BUSY_TIMEOUT_MS = 10_000
+PAGE_SIZE = 1024  # bytes, for a new store: see _connect
 SQLITE_MAGIC = b"SQLite format 3\x00"
 PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
 # OSErrors that are the storage's fault, not a bug: reported as StoreError by the CLI.
@@ -367,6 +368,10 @@ def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
             conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not readonly:
+                # A new store's pages are 1 KiB (SQLite's default is 4): every commit appends
+                # the pages it changed to the WAL, about three per transition, and a third of
+                # the bytes makes a commit ~30% cheaper. Ignored by an existing store.
+                conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
                 conn.execute("PRAGMA journal_mode=WAL")
                 conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute("PRAGMA foreign_keys=ON")
@@ -385,7 +390,9 @@ class Store:
         self.conn = conn
         self.readonly = readonly  # opened for reading only: the file or its folder is not ours
         self._lock = threading.RLock()  # one caller at a time: tasks run in threads (--jobs)
-        st = path.stat()
+        self._held = False  # a write transaction left open for the next write to commit
+        self._path_text = str(path)
+        st = os.stat(self._path_text)
         self._identity = (st.st_dev, st.st_ino)
 
     # --- opening -----------------------------------------------------------------------------
@@ -502,12 +509,22 @@ class Store:
             runs_dir(self.path).mkdir(mode=PRIVATE_DIR, exist_ok=True)
 
     def close(self) -> None:
-        self.conn.close()
+        try:
+            self.flush()  # a completion held for the next start that never came (an error)
+        finally:
+            self.conn.close()
+
+    @_guarded
+    def flush(self) -> None:
+        """Commit a transition held open (`transition(hold=True)`), if there is one."""
+        if self._held:
+            self._held = False
+            self._commit()
 
     def _check_same_file(self) -> None:
         """Stop before a commit that would land in a file the path no longer names."""
         try:
-            st = self.path.stat()
+            st = os.stat(self._path_text)  # Path.stat costs twice as much, at every commit
         except FileNotFoundError:
             st = None
         if st is None or (st.st_dev, st.st_ino) != self._identity:
@@ -540,16 +557,34 @@ class Store:
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
-    def _tx(self) -> Iterator[sqlite3.Connection]:
-        """One write transaction; IMMEDIATE so a concurrent writer waits instead of failing."""
-        self.conn.execute("BEGIN IMMEDIATE")
+    def _tx(self, hold: bool = False) -> Iterator[sqlite3.Connection]:
+        """One write transaction; IMMEDIATE so a concurrent writer waits instead of failing.
+
+        With `hold` it is left open: the next write joins it and commits both (a task's
+        completion and its successor's start, one commit for two: see Runner.attempt); what
+        fails in the joining write is undone alone (a savepoint), the held part still commits.
+        """
+        joined = self._held
+        self.conn.execute("SAVEPOINT joined" if joined else "BEGIN IMMEDIATE")
         try:
             yield self.conn
             self._check_same_file()
         except BaseException:
-            if self.conn.in_transaction:  # a failed COMMIT (a full disk) may have ended it
+            if joined and self.conn.in_transaction:
+                self.conn.execute("ROLLBACK TO joined")
+                self.conn.execute("RELEASE joined")
+                self._held = False
+                self._commit()
+            elif self.conn.in_transaction:  # a failed COMMIT (a full disk) may have ended it
                 self.conn.execute("ROLLBACK")
             raise
+        if joined:
+            self.conn.execute("RELEASE joined")
+        self._held = hold
+        if not hold:
+            self._commit()
+
+    def _commit(self) -> None:
         try:
             self.conn.execute("COMMIT")
         except SQLITE_ERRORS:
@@ -740,10 +775,11 @@ class Store:
         run_id: int | None,
         findings: Sequence[Finding] = (),
         guards: GuardChange | None = None,
+        hold: bool = False,
         **fields: Any,
     ) -> int:
         """Move a task to `to`, log it and store findings (and what `guards` says): one
-        transaction, committed on return.
+        transaction, committed on return (with `hold`: by the next write, or `flush`).
 
         Callers do this before the side effect that follows (start a process, start a
         dependent), so the store never claims less than what happened. Returns the attempt.
@@ -751,7 +787,7 @@ class Store:
         now = time.time()
         # Errors, output tails and findings may quote a secret var's value: never stored.
         reason, fields = mask_value(reason), mask_value(fields)
-        with self._tx() as c:
+        with self._tx(hold) as c:
             attempt = self._transition(c, task_id, to, reason, run_id, now, **fields)
             if findings:
                 c.executemany(

@@ -12,6 +12,10 @@ def measure(ctx: Context, tokens: int) -> dict[str, float]:
     return {"tokens": tokens, "throughput": tokens / 2}
 
 
+def noop() -> None:
+    """Does nothing: a step that is done at once, in orch's own process."""
+
+
 def boom() -> None:
     raise RuntimeError("kaboom in user code")
 

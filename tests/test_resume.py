@@ -6,6 +6,7 @@ import os
 import random
 import signal
 import sqlite3
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -383,3 +384,54 @@ def test_task_left_in_progress_by_a_closed_run_is_recovered(pdir: PlanDir) -> No
         ("interrupted", "in_progress"),
         ("in_progress", "completed"),
     ]
+
+
+SEES = """
+import sqlite3, sys
+conn = sqlite3.connect(f"file:{sys.argv[1]}?mode=ro", uri=True)
+for task in sys.argv[2:]:
+    status = conn.execute("SELECT status FROM todos WHERE id=?", (task,)).fetchone()[0]
+    print(f"::finding seen_{task}={status}")
+"""
+
+
+def test_another_process_sees_each_step_committed_before_the_next_starts(pdir: PlanDir) -> None:
+    """What a step's process reads from the store with a connection of its own: the steps
+    before it completed, itself in progress. A run alone commits a completion together with
+    the next start (one commit for two), so this is what holds that to the guarantee; a
+    precondition between them must see the completion committed too (it may look at the
+    store from elsewhere, and it may wait)."""
+    (pdir.root / "sees.py").write_text(SEES)
+    store = pdir.store_path()
+    look = f"{sys.executable} {pdir.root}/sees.py {store}"
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: a
+            kind: python
+            params: {{function: "helpers_tasks:noop"}}
+          - id: b
+            kind: shell
+            needs: [a]
+            params: {{command: "{look} a b"}}
+          - id: c
+            kind: python
+            needs: [b]
+            params: {{function: "helpers_tasks:noop"}}
+          - id: d
+            kind: shell
+            needs: [c]
+            preconditions:
+              - {{kind: command, command: "{look} c | grep -q seen_c=completed"}}
+            params: {{command: "{look} c d"}}
+    """)
+    r = run_orch("run", plan, env={"PYTHONPATH": str(Path(__file__).parent)})
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pdir.db() as conn:
+        seen = dict(conn.execute("SELECT key, value FROM findings").fetchall())
+    assert seen == {
+        "seen_a": "completed",
+        "seen_b": "in_progress",
+        "seen_c": "completed",
+        "seen_d": "in_progress",
+    }

@@ -22,6 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import cli
+from orchestrator.errors import StoreError
+from orchestrator.findings import Finding
+from orchestrator.status import Status
+from orchestrator.store import Store, TodoSpec
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -87,7 +91,8 @@ def _text_file(data: bytes) -> bytes:
 
 
 def _pages_garbage(data: bytes) -> bytes:  # every b-tree page after the first, scrambled
-    return data[:4096] + bytes(b ^ 0x5A for b in data[4096:])
+    size = int.from_bytes(data[16:18], "big")  # the header's page size
+    return data[:size] + bytes(b ^ 0x5A for b in data[size:])
 
 
 def _index_garbage(data: bytes) -> bytes:
@@ -98,8 +103,9 @@ def _index_garbage(data: bytes) -> bytes:
         "SELECT rootpage FROM sqlite_master WHERE type='index' AND tbl_name='transitions'"
     ).fetchone()
     conn.close()
-    at = (root - 1) * 4096
-    return data[:at] + bytes(b ^ 0x5A for b in data[at : at + 4096]) + data[at + 4096 :]
+    size = int.from_bytes(data[16:18], "big")  # the header's page size
+    at = (root - 1) * size
+    return data[:at] + bytes(b ^ 0x5A for b in data[at : at + size]) + data[at + size :]
 
 
 @pytest.mark.parametrize(
@@ -353,3 +359,50 @@ def test_store_in_a_shared_folder_is_private_too(tmp_path: Path) -> None:
     assert mode(shared) == 0o755
     assert (mode(shared / "x.db"), mode(shared / "x.runs")) == (0o600, 0o700)
     assert not list(shared.glob(".x.db.*")), "the store's temporary build was left behind"
+
+
+# --- a completion held open for the next write (one commit for two) ---------------------------
+
+
+def _committed(path: Path) -> dict[str, str]:
+    """Statuses as another connection sees them: what is committed."""
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True)) as conn:
+        return dict(conn.execute("SELECT id, status FROM todos").fetchall())
+
+
+def _two_tasks(path: Path) -> Store:
+    store = Store.open(path)
+    spec = [TodoSpec(t, i, t, "medium", "shell", (), "h", "{}") for i, t in enumerate("ab")]
+    store.sync_plan(spec, None)
+    store.transition("a", Status.IN_PROGRESS, None, None)
+    return store
+
+
+def test_a_held_completion_commits_with_the_next_write_or_at_close(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    store = _two_tasks(path)
+    store.transition("a", Status.COMPLETED, None, None, hold=True)
+    assert store.todo("a")["status"] == "completed"  # this connection reads its own writes
+    assert _committed(path) == {"a": "in_progress", "b": "pending"}
+    store.transition("b", Status.IN_PROGRESS, None, None)
+    assert _committed(path) == {"a": "completed", "b": "in_progress"}
+    store.transition("b", Status.COMPLETED, None, None, hold=True)
+    store.close()  # an error ended the run before another write: close() commits it
+    assert _committed(path) == {"a": "completed", "b": "completed"}
+
+
+def test_a_failed_write_after_a_held_completion_undoes_itself_alone(tmp_path: Path) -> None:
+    """The joining write fails halfway (its status change made, then a finding SQLite cannot
+    store): the held completion still commits, the failed write leaves nothing, and the store
+    takes writes again."""
+    path = tmp_path / "s.db"
+    store = _two_tasks(path)
+    store.transition("a", Status.COMPLETED, None, None, hold=True)
+    unstorable = Finding("k", object())  # type: ignore[arg-type]
+    with pytest.raises(StoreError):
+        store.transition("b", Status.IN_PROGRESS, None, None, findings=[unstorable])
+    assert _committed(path) == {"a": "completed", "b": "pending"}
+    assert store.todo("b")["status"] == "pending" and store.findings() == {}
+    store.transition("b", Status.IN_PROGRESS, None, None)
+    assert _committed(path) == {"a": "completed", "b": "in_progress"}
+    store.close()
