@@ -88,6 +88,7 @@ class PythonTask(Task[PythonParams]):
             ctx.finding(finding.key, finding.value, finding.unit, finding.note)
 
 
+@cache  # what import_module gives is fixed for the process anyway; failures are not kept
 def _load_function(target: str) -> Callable[..., Any]:
     module_name, _, name = target.partition(":")
     try:

@@ -519,6 +519,11 @@ class Store:
         """Commit a transition held open (`transition(hold=True)`), if there is one."""
         if self._held:
             self._held = False
+            try:
+                self._check_same_file()
+            except StoreError:
+                self.conn.execute("ROLLBACK")
+                raise
             self._commit()
 
     def _check_same_file(self) -> None:
@@ -568,13 +573,13 @@ class Store:
         self.conn.execute("SAVEPOINT joined" if joined else "BEGIN IMMEDIATE")
         try:
             yield self.conn
-            self._check_same_file()
+            if not hold:
+                self._check_same_file()
         except BaseException:
             if joined and self.conn.in_transaction:
                 self.conn.execute("ROLLBACK TO joined")
                 self.conn.execute("RELEASE joined")
-                self._held = False
-                self._commit()
+                self.flush()  # the held part still commits
             elif self.conn.in_transaction:  # a failed COMMIT (a full disk) may have ended it
                 self.conn.execute("ROLLBACK")
             raise
