@@ -169,6 +169,65 @@ def test_spec_hash_covers_the_vars_a_task_uses(tmp_path: Path) -> None:
     assert changed == ["vars.port: 8000 -> 9000"]
 
 
+# Spec hashes are stored: a loader change that alters one marks every task of a store stale.
+PINNED = """
+name: pinned
+vars:
+  port: 8000
+  ratio: 0.5
+  flags: [a, b]
+  token: {env: ORCH_PIN_UNSET_TOKEN, default: s3cret}
+  shell: &shell {kind: shell, timeout: 30s}
+tasks:
+  - id: fetch
+    <<: *shell
+    params: {command: "echo fetch ${vars.port}", env: {TOKEN: "${vars.token}"}}
+  - id: serve
+    kind: python
+    needs: fetch
+    when: "${tasks.fetch.findings.ok} == true"
+    preconditions:
+      - {kind: command, command: "true", wait: 5s}
+    params:
+      function: "bench_noop:noop"
+      args:
+        port: "${vars.port}"
+        ratio: "${vars.ratio}"
+        flag: yes
+        none: ~
+        n: 0x1f
+        at: 2024-01-02
+    on_failure: {id: undo, kind: shell, params: {command: [echo, undo]}}
+  - id: t1
+    kind: python
+    params: {function: "bench_noop:noop"}
+    needs: serve
+finally:
+  - {id: tidy, kind: shell, params: {command: [echo, "${vars.port}"]}}
+"""
+
+
+def test_spec_hashes_are_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hashes (and one fingerprint as stored) of a plan with merges, a secret, typed YAML
+    values, preconditions, `when` and guards, as computed before loading was sped up."""
+    monkeypatch.delenv("ORCH_PIN_UNSET_TOKEN", raising=False)
+    plan = load_plan(write(tmp_path, PINNED))
+    assert {t.id: t.spec_hash for t in [*plan.tasks, *plan.guards]} == {
+        "fetch": "a1ddaf209ccc9dc0",
+        "serve": "69a440987141c5c0",
+        "t1": "c28c587ac95938cc",
+        "undo": "c2eeb5455e69dd8e",
+        "tidy": "6bf082a86be60205",
+    }
+    assert plan.by_id["serve"].spec_json == (
+        '{"kind": "python", "params": {"args": {"at": "2024-01-02", "flag": true, "n": 31, '
+        '"none": null, "port": "${vars.port}", "ratio": "${vars.ratio}"}, "function": '
+        '"bench_noop:noop"}, "preconditions": [{"command": "true", "kind": "command", '
+        '"wait": "5s"}], "vars": {"port": 8000, "ratio": 0.5}, "when": '
+        '"${tasks.fetch.findings.ok} == true"}'
+    )
+
+
 def test_user_kind_params_are_validated_by_its_model(tmp_path: Path) -> None:
     """A `module:Class` kind loads, and its own pydantic model checks the params' types."""
     ok = load_plan(one_task(tmp_path, "kind: helpers_tasks:Greet\nparams: {name: x, times: 2}"))
