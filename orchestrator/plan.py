@@ -76,9 +76,10 @@ class TaskSpec(BaseModel):
     title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
     priority: Literal["high", "medium", "low"] = "medium"
     kind: str
-    params: dict[str, Any] = {}
-    needs: Annotated[list[str], BeforeValidator(as_list)] = []
-    preconditions: list[dict[str, Any]] = []
+    # Factories, not `= {}`: pydantic deep-copies a mutable default at every validation.
+    params: dict[str, Any] = Field(default_factory=dict)
+    needs: Annotated[list[str], BeforeValidator(as_list)] = Field(default_factory=list)
+    preconditions: list[dict[str, Any]] = Field(default_factory=list)
     when: bool | str | None = None
     timeout: Duration | None = None
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
@@ -93,10 +94,12 @@ class TaskSpec(BaseModel):
     resources: dict[
         Annotated[str, Field(pattern=ID_PATTERN)],
         Annotated[int, Field(ge=1)] | Annotated[list[int | str], Field(min_length=1)],
-    ] = {}
+    ] = Field(default_factory=dict)
     # What undoes it if the plan fails after it completed (armed in the store with its
     # completion, so a crash cannot lose it): task mappings, each run like a task of its own.
-    on_failure: Annotated[list[dict[str, Any]], BeforeValidator(_as_task_list)] = []
+    on_failure: Annotated[list[dict[str, Any]], BeforeValidator(_as_task_list)] = Field(
+        default_factory=list
+    )
 
 
 class CheckSpec(BaseModel):
