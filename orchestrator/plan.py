@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
-from .errors import PlanError, PlanIssue, Suggester, did_you_mean
+from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
 from .redact import MASK
 from .task import Duration, as_list
-from .templating import Ref, compile_when, iter_refs
+from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
 from .yamlsource import Located, Path_, check_bounds, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
@@ -660,14 +660,15 @@ def _plan_task(
     label = f"task {spec.id!r}"
     before = len(issues)
 
-    def check_refs(value: Any, at: Path_) -> set[str]:
-        """Problems with ${...} in `value`; returns the vars it uses."""
-        used: set[str] = set()
+    used: set[str] = set()  # the vars it uses
+
+    def check_refs(value: Any, at: Path_) -> list[Ref] | None:
+        """The ${...} in `value`, their problems reported; None if one is malformed."""
         try:
             refs = list(iter_refs(value))
         except ValueError as exc:
             issues.append(src.issue(at, f"{label}: {exc}"))
-            return used
+            return None
         for ref in refs:
             issues.extend(
                 src.issue(at, f"{label}: {p}")
@@ -675,22 +676,21 @@ def _plan_task(
             )
             if ref.task is None:
                 used.add(ref.name)
-        return used
+        return refs
 
     try:
         cls = registry.resolve(spec.kind)
     except registry.UnknownKind as exc:
         issues.append(src.issue((*where, "kind"), f"{label}: {exc}"))
         cls = None
-    used: set[str] = set()
-    for key, value in spec.params.items():  # per param, so the error names its line
-        used |= check_refs(value, (*where, "params", key))
+    # per param, so the error names its line
+    refs = {key: check_refs(value, (*where, "params", key)) for key, value in spec.params.items()}
     if cls is not None:
-        _validate_params(src, (*where, "params"), label, cls, spec.params, variables, issues)
+        _validate_params(src, (*where, "params"), label, cls, spec.params, refs, variables, issues)
     if isinstance(spec.when, str):
         if (problem := _when_problem(spec.when)) is not None:
             issues.append(src.issue((*where, "when"), f"{label}: {problem}"))
-        used |= check_refs(spec.when, (*where, "when"))
+        check_refs(spec.when, (*where, "when"))
 
     checks: list[PlannedCheck] = []
     for j, raw in enumerate(spec.preconditions):
@@ -704,15 +704,21 @@ def _plan_task(
             ]
             continue
         params = dict(check.model_extra or {})
-        for key, value in params.items():
-            used |= check_refs(value, (*at, key))
+        param_refs = {key: check_refs(value, (*at, key)) for key, value in params.items()}
         try:
             check_cls = registry.resolve(check.kind, registry.PRECONDITION_GROUP)
         except registry.UnknownKind as exc:
             issues.append(src.issue((*at, "kind"), f"{label}: {exc}"))
             continue
         _validate_params(
-            src, at, f"{label} precondition {check.kind!r}", check_cls, params, variables, issues
+            src,
+            at,
+            f"{label} precondition {check.kind!r}",
+            check_cls,
+            params,
+            param_refs,
+            variables,
+            issues,
         )
         checks.append(
             PlannedCheck(check.kind, check_cls, params, check.wait, check.every, src.line(at))
@@ -728,9 +734,13 @@ def _plan_task(
         "preconditions": spec.preconditions,
         "vars": {k: MASK if k in secrets else variables[k] for k in sorted(used)},
     }
-    spec_json = json.dumps(fingerprint, sort_keys=True, default=str)
+    spec_json = _FINGERPRINT_JSON.encode(fingerprint)
     digest = hashlib.sha256(spec_json.encode()).hexdigest()[:16]
     return PlannedTask(spec, cls, checks, digest, fingerprint, spec_json, src.line(where))
+
+
+# json.dumps(fingerprint, sort_keys=True, default=str), its encoder made once
+_FINGERPRINT_JSON = json.JSONEncoder(sort_keys=True, default=str)
 
 
 def _when_problem(expr: str) -> str | None:
@@ -780,36 +790,31 @@ def _validate_params(
     label: str,
     cls: type[Any],
     params: dict[str, Any],
+    refs: dict[str, list[Ref] | None],
     variables: dict[str, Any],
     issues: list[PlanIssue],
 ) -> None:
     """Validate params against the kind's model now; fields that use findings wait for run time.
 
     Vars are known now, so they are substituted for this check (unquoted: it only checks types).
-    A param with a bad reference is skipped too: check_refs has reported it already.
+    `refs` holds each param's references (check_refs'), None where one is malformed: such a
+    param is skipped too, check_refs has reported it already.
     """
-    from .errors import TemplateError
-    from .templating import bash_params, inert_word, resolve
-
     # A var that bash would read is known now: refuse it here, on its line, not at run time.
     for name in sorted(bash_params(cls, params)):
-        try:
-            refs = set(iter_refs(params[name]))
-        except ValueError:
-            continue  # check_refs has reported it
-        for ref in sorted((r for r in refs if r.task is None and r.name in variables), key=str):
+        if (found := refs[name]) is None:
+            continue
+        for ref in sorted({r for r in found if r.task is None and r.name in variables}, key=str):
             try:
                 inert_word(ref, variables[ref.name])
             except TemplateError as exc:
                 issues.append(src.issue((*at, name), f"{label}: param {name!r}: {exc}"))
 
-    def unresolvable(value: Any) -> bool:
-        try:
-            return any(r.task or r.name not in variables for r in iter_refs(value))
-        except ValueError:
-            return True
-
-    deferred = {k for k, v in params.items() if unresolvable(v)}
+    deferred = {
+        k
+        for k, found in refs.items()
+        if found is None or any(r.task or r.name not in variables for r in found)
+    }
     try:
         view = {
             k: resolve(v, lambda r: variables.get(r.name))
