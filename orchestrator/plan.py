@@ -356,7 +356,7 @@ def _load_plan(
                     )
                 )
     specs = _stall_defaults(src, specs, header, issues)
-    upstream = _check_graph(src, specs, raw_ids, issues, suggest)
+    upstream, order = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
     for i, spec in specs:
@@ -379,7 +379,7 @@ def _load_plan(
     if issues or header is None:
         raise PlanError(list(dict.fromkeys(issues)))  # one cause can surface on two paths
 
-    ordered = _dependency_order(list(planned.values()), raw_ids)
+    ordered = [planned[task_id] for task_id in order]  # no issues: every task is in both
     for position, t in enumerate([*ordered, *guards]):  # guards listed after the flow
         t.position = position
     return Plan(
@@ -588,8 +588,9 @@ def _check_graph(
     raw_ids: dict[str, int],
     issues: list[PlanIssue],
     suggest: Suggester,
-) -> Upstream:
-    """Unknown needs and cycles; returns the tasks' transitive upstream, where all known."""
+) -> tuple[Upstream, list[str]]:
+    """Unknown needs and cycles; returns the tasks' transitive upstream, where all known, and
+    their dependency order (empty if there is a cycle)."""
     graph: dict[str, list[str]] = {}
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
@@ -597,10 +598,11 @@ def _check_graph(
                 message = f"task {spec.id!r} needs unknown task {need!r}{suggest(need, raw_ids)}"
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
+    order = _dependency_order(graph, raw_ids)  # None: there is a cycle
     # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
     cyclic: set[str] = set()
     acyclic = graph
-    while True:
+    while order is None:
         try:
             graphlib.TopologicalSorter(acyclic).prepare()
             break
@@ -617,7 +619,7 @@ def _check_graph(
                 for t, needs in acyclic.items()
                 if t not in cyclic
             }
-    return Upstream(graph, cyclic | (set(raw_ids) - set(graph)))
+    return Upstream(graph, cyclic | (set(raw_ids) - set(graph))), order or []
 
 
 class Upstream:
@@ -842,21 +844,27 @@ def _validate_params(
             issues.append(src.issue((*at, *loc), f"{label}: {msg}"))
 
 
-def _dependency_order(tasks: list[PlannedTask], file_order: dict[str, int]) -> list[PlannedTask]:
-    """Topological order; among tasks ready together, the one written first goes first."""
-    by_id = {t.id: t for t in tasks}
-    sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in tasks})
-    sorter.prepare()
-    ready = [(file_order[i], i) for i in sorter.get_ready()]
+def _dependency_order(graph: dict[str, list[str]], file_order: dict[str, int]) -> list[str] | None:
+    """Task ids in topological order (`graph`: id -> its needs); among tasks ready together, the
+    one written first goes first. None if there is a cycle."""
+    waiting: dict[str, int] = {}  # task -> needs not yet ordered
+    dependents: dict[str, list[str]] = {}
+    for task_id, needs in graph.items():
+        waiting[task_id] = waiting.get(task_id, 0) + len(needs)
+        for need in needs:
+            waiting.setdefault(need, 0)
+            dependents.setdefault(need, []).append(task_id)
+    ready = [(file_order[task_id], task_id) for task_id, n in waiting.items() if n == 0]
     heapq.heapify(ready)
-    ordered = []
+    order = []
     while ready:
         _, task_id = heapq.heappop(ready)
-        ordered.append(by_id[task_id])
-        sorter.done(task_id)
-        for i in sorter.get_ready():
-            heapq.heappush(ready, (file_order[i], i))
-    return ordered
+        order.append(task_id)
+        for dependent in dependents.get(task_id, ()):
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                heapq.heappush(ready, (file_order[dependent], dependent))
+    return order if len(order) == len(waiting) else None
 
 
 def _sentence(error: Any, model: type[BaseModel] | None = None) -> str:

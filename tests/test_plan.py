@@ -6,6 +6,8 @@ and found with line_of(), so each test checks the exact line the loader names.
 
 from __future__ import annotations
 
+import graphlib
+import heapq
 import json
 import os
 import subprocess
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.cli import cli
 from orchestrator.durations import parse_duration
@@ -144,6 +148,52 @@ def test_ties_keep_file_order(tmp_path: Path) -> None:
     )
     plan = load_plan(write(tmp_path, "name: t\ntasks:\n" + tasks))
     assert [t.id for t in plan.tasks] == ["m", "q", "r", "z", "a", "b"]
+
+
+def reference_order(needs: dict[str, list[str]]) -> list[str] | None:
+    """graphlib's ready/done protocol, the first-written ready task first (as the loader did)."""
+    sorter = graphlib.TopologicalSorter(needs)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError:
+        return None
+    file_order = {task_id: i for i, task_id in enumerate(needs)}
+    ready = [(file_order[i], i) for i in sorter.get_ready()]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, task_id = heapq.heappop(ready)
+        order.append(task_id)
+        sorter.done(task_id)
+        for i in sorter.get_ready():
+            heapq.heappush(ready, (file_order[i], i))
+    return order
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    edges=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=16),
+    names=st.permutations([f"t{i}" for i in range(8)]),
+)
+def test_dependency_order_is_graphlibs(edges: list[tuple[int, int]], names: list[str]) -> None:
+    """Any needs (a cycle now and then, a need written twice): the order graphlib gave with
+    file-order ties, or a cycle named."""
+    needs: dict[str, list[str]] = {name: [] for name in names}
+    for task, need in edges:
+        if task > need or len(edges) % 5 == 0:  # mostly a DAG
+            needs[names[task]].append(names[need])
+    lines = [
+        f"  - {{id: {t}, kind: approve, params: {{message: m}}, needs: {n}}}"
+        for t, n in needs.items()
+    ]
+    text = "name: t\ntasks:\n" + "\n".join(lines).replace("'", "") + "\n"
+    expected = reference_order(needs)
+    try:
+        order = [t.id for t in load_plan(Path("plan.yaml"), text=text).tasks]
+    except PlanError as exc:
+        assert expected is None and "dependency cycle" in str(exc)
+    else:
+        assert order == expected
 
 
 def test_long_chain_written_dependents_first_loads(tmp_path: Path) -> None:
