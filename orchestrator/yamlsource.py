@@ -227,12 +227,12 @@ _MERGING = object()  # or the value of a `<<` key (otherwise: the value of the k
 class _Frame:
     """A collection being built, and where its lines go."""
 
-    __slots__ = ("anchor", "data", "key", "key_line", "line", "merged", "path", "tape_start")
+    __slots__ = ("anchor", "data", "key", "key_line", "mark", "merged", "path", "tape_start")
 
-    def __init__(self, data: dict[Any, Any] | list[Any] | None, path: Path_, line: int) -> None:
-        self.data = data  # None: not built (a merge key and what is in it: see _start)
+    def __init__(self, data: dict[Any, Any] | list[Any] | None, path: Path_, mark: Any) -> None:
+        self.data = data  # None: not built (a merge key and what is in it: see start)
         self.path = path
-        self.line = line
+        self.mark = mark  # where it starts
         self.key: Any = _KEY
         self.key_line = 0
         self.merged: set[Any] | None = None  # keys from `<<: *anchor`, which its own override
@@ -262,7 +262,7 @@ class _Builder:
         self.stack: list[_Frame] = []
         self.composer_error: yaml.MarkedYAMLError | None = None
         self.error: Exception | None = None  # the first construction error
-        self.building = True  # until the first error
+        self.building = True  # until the first error, or until `deferred`
         self.defined: dict[str, Any] = {}  # anchor -> where it is
         self.root_mark: Any = None
         self.documents = 0
@@ -271,49 +271,108 @@ class _Builder:
         self.recording = 0  # anchored collections open
         self.tags: dict[str, str] = {}  # plain scalar -> its implicit tag (no path resolvers)
 
-    # Events from _read: the composer's part (anchors, documents, the tape), then the building.
+    # The events, from _read or replayed from the tape (whose anchors are not defined again).
 
-    def scalar(self, event: Any) -> None:
-        anchor = event.anchor
-        if anchor is not None:
-            self._define(anchor, event.start_mark)
-        if self.building:
-            if anchor is not None:
-                self.spans[anchor] = (len(self.tape), len(self.tape) + 1)
-            if anchor is not None or self.recording:
-                self.tape.append(event)
-            self._scalar(event)
+    def scalar(self, event: Any, replayed: bool = False) -> None:
+        if not replayed and (event.anchor is not None or self.recording):
+            self._record(event)
+        if not self.building:
+            return
+        frame = self.stack[-1] if self.stack else None
+        if frame is not None and frame.data is None:
+            return
+        tag = event.tag
+        if tag is None or tag == "!":
+            if not event.implicit[0]:  # quoted
+                tag = _STR
+            elif (tag := self.tags.get(event.value)) is None:
+                tag = _safe.resolve(yaml.ScalarNode, event.value, (True, False))
+                self.tags[event.value] = tag
+        mark = event.start_mark
+        if frame is not None and isinstance(frame.data, dict) and frame.key is not _MERGING:
+            if tag == _STR:  # most of a plan: text keys and values, whose line is the key's
+                self._add(frame, event.value, mark)
+                return
+            if tag == _MERGE and frame.key is _KEY:
+                frame.key = _MERGING
+                return
+        self.lines[self._path(frame, mark)] = mark.line + 1
+        if tag == _STR:
+            self._add(frame, event.value, mark)
+            return
+        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
+        try:
+            value = _safe.construct_object(node, deep=True)
+        except Exception as exc:  # raised when the stream has been read, as it was
+            self._failed(exc)
+            return
+        self._add(frame, value, mark)
 
-    def start(self, event: Any) -> None:
-        anchor = event.anchor
-        if anchor is not None:
-            self._define(anchor, event.start_mark)
-        if self.building:
-            if anchor is not None or self.recording:
-                self.tape.append(event)
-            frame = self._start(event)
-            if anchor is not None:
-                frame.anchor, frame.tape_start = anchor, len(self.tape) - 1
-                self.recording += 1
+    def start(self, event: Any, replayed: bool = False) -> None:
+        anchored = not replayed and event.anchor is not None
+        if anchored or (not replayed and self.recording):
+            self._record(event)
+        if not self.building:
+            return
+        frame = self.stack[-1] if self.stack else None
+        mark = event.start_mark
+        if frame is not None and (
+            frame.data is None or (event.tag == _MERGE and frame.key is _KEY)
+        ):
+            new = _Frame(None, (), mark)  # a merge key is not built, nor anything in it
+        else:
+            path = self._path(frame, mark)
+            self.lines[path] = mark.line + 1
+            new = _Frame({} if type(event) is yaml.MappingStartEvent else [], path, mark)
+        if anchored:
+            new.anchor, new.tape_start = event.anchor, len(self.tape) - 1
+            self.recording += 1
+        self.stack.append(new)
 
-    def end(self, event: Any) -> None:
-        if self.building:
-            if self.recording:
-                self.tape.append(event)
-            frame = self._end()
-            if frame.anchor is not None:
-                self.spans[frame.anchor] = (frame.tape_start, len(self.tape))
-                self.recording -= 1
+    def end(self, event: Any, replayed: bool = False) -> None:
+        if not self.building:
+            return
+        if not replayed and self.recording:
+            self.tape.append(event)
+        frame = self.stack.pop()
+        if frame.anchor is not None:
+            self.spans[frame.anchor] = (frame.tape_start, len(self.tape))
+            self.recording -= 1
+        parent = self.stack[-1] if self.stack else None
+        if frame.data is None:
+            if parent is not None and parent.data is not None:  # it was a merge key
+                parent.key = _MERGING
+        else:
+            if isinstance(frame.data, dict):
+                self.lines.pop(frame.path + ("<key>",), None)
+            self._add(parent, frame.data, frame.mark)
 
-    def alias(self, event: Any) -> None:
-        if self.composer_error is None and event.anchor not in self.defined:
+    def alias(self, event: Any, replayed: bool = False) -> None:
+        if not replayed and self.composer_error is None and event.anchor not in self.defined:
             self._composer_failed(
                 ComposerError(None, None, "found undefined alias", event.start_mark)
             )
-        if self.building:
-            if self.recording:
-                self.tape.append(event)
-            self._replay(event.anchor)
+        if not self.building:
+            return
+        if not replayed and self.recording:
+            self.tape.append(event)
+        start, end = self.spans[event.anchor]
+        if end - start > self.expand:
+            self.deferred, self.building = True, False
+            return
+        self.expand -= end - start
+        for replay in self.tape[start:end]:  # build the anchor's value again, here
+            kind = type(replay)
+            if kind is yaml.ScalarEvent:
+                self.scalar(replay, replayed=True)
+            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
+                self.start(replay, replayed=True)
+            elif kind is yaml.AliasEvent:
+                self.alias(replay, replayed=True)
+            else:
+                self.end(replay, replayed=True)
+            if not self.building:
+                return
 
     def document(self, event: Any) -> None:
         self.documents += 1
@@ -326,6 +385,16 @@ class _Builder:
                     event.start_mark,
                 )
             )
+
+    def _record(self, event: Any) -> None:
+        """The composer's part of a value or collection start read: its anchor, the tape."""
+        anchor = event.anchor
+        if anchor is not None:
+            self._define(anchor, event.start_mark)
+        if self.building:
+            if anchor is not None and type(event) is yaml.ScalarEvent:
+                self.spans[anchor] = (len(self.tape), len(self.tape) + 1)
+            self.tape.append(event)
 
     def _define(self, anchor: str, mark: Any) -> None:
         if self.composer_error is None and anchor in self.defined:
@@ -347,100 +416,21 @@ class _Builder:
         self.error = error
         self.building = False
 
-    # Building, from live events and from replayed ones alike.
-
-    def _replay(self, anchor: str) -> None:
-        """Build the anchor's value again here (the anchors in it are not defined again)."""
-        start, end = self.spans[anchor]
-        if end - start > self.expand:
-            self.deferred, self.building = True, False
-            return
-        self.expand -= end - start
-        for event in self.tape[start:end]:
-            kind = type(event)
-            if kind is yaml.ScalarEvent:
-                self._scalar(event)
-            elif kind is yaml.MappingStartEvent or kind is yaml.SequenceStartEvent:
-                self._start(event)
-            elif kind is yaml.AliasEvent:
-                self._replay(event.anchor)
-            else:
-                self._end()
-            if not self.building:
-                return
-
-    def _scalar(self, event: Any) -> None:
-        frame = self.stack[-1] if self.stack else None
-        if frame is not None and frame.data is None:
-            return
-        tag = event.tag
-        if tag is None or tag == "!":
-            if not event.implicit[0]:  # quoted
-                tag = _STR
-            elif (tag := self.tags.get(event.value)) is None:
-                tag = _safe.resolve(yaml.ScalarNode, event.value, (True, False))
-                self.tags[event.value] = tag
-        line = event.start_mark.line + 1
-        if frame is not None and isinstance(frame.data, dict) and frame.key is not _MERGING:
-            if tag == _STR:  # most of a plan: text keys and values, whose line is the key's
-                self._add(frame, event.value, line)
-                return
-            if tag == _MERGE and frame.key is _KEY:
-                frame.key = _MERGING
-                return
-        self.lines[self._path(frame, event.start_mark)] = line
-        if tag == _STR:
-            self._add(frame, event.value, line)
-            return
-        node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
-        try:
-            value = _safe.construct_object(node, deep=True)
-        except Exception as exc:  # raised when the stream has been read, as it was
-            self._failed(exc)
-            return
-        self._add(frame, value, line)
-
-    def _start(self, event: Any) -> _Frame:
-        frame = self.stack[-1] if self.stack else None
-        line = event.start_mark.line + 1
-        if frame is not None and (
-            frame.data is None or (event.tag == _MERGE and frame.key is _KEY)
-        ):
-            new = _Frame(None, (), line)  # a merge key is not built, nor anything in it
-        else:
-            path = self._path(frame, event.start_mark)
-            self.lines[path] = line
-            new = _Frame({} if type(event) is yaml.MappingStartEvent else [], path, line)
-        self.stack.append(new)
-        return new
-
-    def _end(self) -> _Frame:
-        frame = self.stack.pop()
-        parent = self.stack[-1] if self.stack else None
-        if frame.data is None:
-            if parent is not None and parent.data is not None:  # it was a merge key
-                parent.key = _MERGING
-        else:
-            if isinstance(frame.data, dict):
-                self.lines.pop((*frame.path, "<key>"), None)
-            self._add(parent, frame.data, frame.line)
-        return frame
-
     def _path(self, frame: _Frame | None, mark: Any) -> Path_:
-        """Where the value starting now goes (a text key or value needs none: see _scalar)."""
+        """Where the value starting now goes (a text key or value needs none: see scalar)."""
         if frame is None:
             self.root_mark = mark
             return ()
         if isinstance(frame.data, list):
-            return (*frame.path, len(frame.data))
+            return frame.path + (len(frame.data),)
         if frame.key is _KEY:
-            return (*frame.path, "<key>")
+            return frame.path + ("<key>",)
         if frame.key is _MERGING:
             return frame.path
-        return (*frame.path, frame.key)
+        return frame.path + (frame.key,)
 
-    def _add(self, frame: _Frame | None, value: Any, line: int) -> None:
-        """Put a finished value where it goes; `line` is where it starts."""
+    def _add(self, frame: _Frame | None, value: Any, mark: Any) -> None:
+        """Put a finished value where it goes; `mark` is where it starts."""
         if frame is None:
             self.data = value
         elif isinstance(frame.data, list):
@@ -449,13 +439,13 @@ class _Builder:
             assert frame.data is not None  # nothing is added to what is not built
             try:  # TypeError: an unhashable key
                 if value in frame.data and (frame.merged is None or value not in frame.merged):
-                    raise _DuplicateKey(str(value), line)
+                    raise _DuplicateKey(str(value), mark.line + 1)
             except (_DuplicateKey, TypeError) as exc:
                 self._failed(exc)
                 return
             if frame.merged is not None:
                 frame.merged.discard(value)
-            frame.key, frame.key_line = value, line
+            frame.key, frame.key_line = value, mark.line + 1
         elif frame.key is _MERGING:
             assert frame.data is not None
             for item in value if isinstance(value, list) else [value]:
@@ -467,5 +457,5 @@ class _Builder:
         else:
             assert frame.data is not None
             frame.data[frame.key] = value
-            self.lines[(*frame.path, frame.key)] = frame.key_line
+            self.lines[frame.path + (frame.key,)] = frame.key_line
             frame.key = _KEY

@@ -239,18 +239,18 @@ def test_aliases_that_stand_for_much_are_built_in_a_second_pass() -> None:
 
 def test_an_alias_bomb_is_refused_before_much_is_built(monkeypatch: pytest.MonkeyPatch) -> None:
     """Aliases are built as they are read only up to MAX_EAGER_ALIAS_EVENTS: the bomb (a
-    billion values) is refused by the bounds after little more than that was built."""
+    billion values) is refused by the bounds after no more than that was replayed."""
     lines = ["l0: &l0 [a, a, a, a, a, a, a, a, a]"]
     lines += [f"l{i}: &l{i} [{', '.join([f'*l{i - 1}'] * 9)}]" for i in range(1, 10)]
     built = 0
-    scalar = yamlsource._Builder._scalar
+    scalar = yamlsource._Builder.scalar
 
-    def counted(builder: Any, event: Any) -> None:
+    def counted(builder: Any, event: Any, replayed: bool = False) -> None:
         nonlocal built
-        built += 1
-        scalar(builder, event)
+        built += replayed
+        scalar(builder, event, replayed)
 
-    monkeypatch.setattr(yamlsource._Builder, "_scalar", counted)
+    monkeypatch.setattr(yamlsource._Builder, "scalar", counted)
     with pytest.raises(PlanError, match="alias bomb"):
         parse_yaml("\n".join(lines) + "\n", "p.yaml")
     assert 0 < built <= yamlsource.MAX_EAGER_ALIAS_EVENTS
