@@ -545,6 +545,7 @@ def _stall_defaults(
                 ("on_stall",), "on_stall needs stall_after: how long without progress is a stall"
             )
         )
+    defaults = {k: v for k, v in (("stall_after", after), ("on_stall", action)) if v is not None}
     out = []
     for i, spec in specs:
         if spec.on_stall is not None and spec.stall_after is None and after is None:
@@ -554,8 +555,7 @@ def _stall_defaults(
                     f"task {spec.id!r}: on_stall needs stall_after (on the task or the plan)",
                 )
             )
-        fill = {k: v for k, v in (("stall_after", after), ("on_stall", action)) if v is not None}
-        fill = {k: v for k, v in fill.items() if getattr(spec, k) is None}
+        fill = {k: v for k, v in defaults.items() if getattr(spec, k) is None}
         out.append((i, spec.model_copy(update=fill) if fill else spec))
     return out
 
