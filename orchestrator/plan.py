@@ -20,10 +20,10 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from . import registry
-from .errors import PlanError, PlanIssue, Suggester, did_you_mean
+from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
 from .redact import MASK
 from .task import Duration, as_list
-from .templating import Ref, compile_when, iter_refs
+from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
 from .yamlsource import Located, Path_, check_bounds, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
@@ -76,9 +76,10 @@ class TaskSpec(BaseModel):
     title: str | None = Field(None, max_length=MAX_TITLE_CHARS)
     priority: Literal["high", "medium", "low"] = "medium"
     kind: str
-    params: dict[str, Any] = {}
-    needs: Annotated[list[str], BeforeValidator(as_list)] = []
-    preconditions: list[dict[str, Any]] = []
+    # Factories, not `= {}`: pydantic deep-copies a mutable default at every validation.
+    params: dict[str, Any] = Field(default_factory=dict)
+    needs: Annotated[list[str], BeforeValidator(as_list)] = Field(default_factory=list)
+    preconditions: list[dict[str, Any]] = Field(default_factory=list)
     when: bool | str | None = None
     timeout: Duration | None = None
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
@@ -93,10 +94,12 @@ class TaskSpec(BaseModel):
     resources: dict[
         Annotated[str, Field(pattern=ID_PATTERN)],
         Annotated[int, Field(ge=1)] | Annotated[list[int | str], Field(min_length=1)],
-    ] = {}
+    ] = Field(default_factory=dict)
     # What undoes it if the plan fails after it completed (armed in the store with its
     # completion, so a crash cannot lose it): task mappings, each run like a task of its own.
-    on_failure: Annotated[list[dict[str, Any]], BeforeValidator(_as_task_list)] = []
+    on_failure: Annotated[list[dict[str, Any]], BeforeValidator(_as_task_list)] = Field(
+        default_factory=list
+    )
 
 
 class CheckSpec(BaseModel):
@@ -353,7 +356,7 @@ def _load_plan(
                     )
                 )
     specs = _stall_defaults(src, specs, header, issues)
-    upstream = _check_graph(src, specs, raw_ids, issues, suggest)
+    upstream, order = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
     for i, spec in specs:
@@ -376,7 +379,7 @@ def _load_plan(
     if issues or header is None:
         raise PlanError(list(dict.fromkeys(issues)))  # one cause can surface on two paths
 
-    ordered = _dependency_order(list(planned.values()), raw_ids)
+    ordered = [planned[task_id] for task_id in order]  # no issues: every task is in both
     for position, t in enumerate([*ordered, *guards]):  # guards listed after the flow
         t.position = position
     return Plan(
@@ -542,6 +545,7 @@ def _stall_defaults(
                 ("on_stall",), "on_stall needs stall_after: how long without progress is a stall"
             )
         )
+    defaults = {k: v for k, v in (("stall_after", after), ("on_stall", action)) if v is not None}
     out = []
     for i, spec in specs:
         if spec.on_stall is not None and spec.stall_after is None and after is None:
@@ -551,8 +555,7 @@ def _stall_defaults(
                     f"task {spec.id!r}: on_stall needs stall_after (on the task or the plan)",
                 )
             )
-        fill = {k: v for k, v in (("stall_after", after), ("on_stall", action)) if v is not None}
-        fill = {k: v for k, v in fill.items() if getattr(spec, k) is None}
+        fill = {k: v for k, v in defaults.items() if getattr(spec, k) is None}
         out.append((i, spec.model_copy(update=fill) if fill else spec))
     return out
 
@@ -585,8 +588,9 @@ def _check_graph(
     raw_ids: dict[str, int],
     issues: list[PlanIssue],
     suggest: Suggester,
-) -> Upstream:
-    """Unknown needs and cycles; returns the tasks' transitive upstream, where all known."""
+) -> tuple[Upstream, list[str]]:
+    """Unknown needs and cycles; returns the tasks' transitive upstream, where all known, and
+    their dependency order (empty if there is a cycle)."""
     graph: dict[str, list[str]] = {}
     for i, spec in specs:
         for j, need in enumerate(spec.needs):
@@ -594,10 +598,11 @@ def _check_graph(
                 message = f"task {spec.id!r} needs unknown task {need!r}{suggest(need, raw_ids)}"
                 issues.append(src.issue(("tasks", i, "needs", j), message))
         graph[spec.id] = [n for n in spec.needs if n in raw_ids]
+    order = _dependency_order(graph, raw_ids)  # None: there is a cycle
     # graphlib names one cycle at a time: take its tasks out and look again, to name them all.
     cyclic: set[str] = set()
     acyclic = graph
-    while True:
+    while order is None:
         try:
             graphlib.TopologicalSorter(acyclic).prepare()
             break
@@ -614,7 +619,7 @@ def _check_graph(
                 for t, needs in acyclic.items()
                 if t not in cyclic
             }
-    return Upstream(graph, cyclic | (set(raw_ids) - set(graph)))
+    return Upstream(graph, cyclic | (set(raw_ids) - set(graph))), order or []
 
 
 class Upstream:
@@ -657,14 +662,15 @@ def _plan_task(
     label = f"task {spec.id!r}"
     before = len(issues)
 
-    def check_refs(value: Any, at: Path_) -> set[str]:
-        """Problems with ${...} in `value`; returns the vars it uses."""
-        used: set[str] = set()
+    used: set[str] = set()  # the vars it uses
+
+    def check_refs(value: Any, at: Path_) -> list[Ref] | None:
+        """The ${...} in `value`, their problems reported; None if one is malformed."""
         try:
             refs = list(iter_refs(value))
         except ValueError as exc:
             issues.append(src.issue(at, f"{label}: {exc}"))
-            return used
+            return None
         for ref in refs:
             issues.extend(
                 src.issue(at, f"{label}: {p}")
@@ -672,22 +678,21 @@ def _plan_task(
             )
             if ref.task is None:
                 used.add(ref.name)
-        return used
+        return refs
 
     try:
         cls = registry.resolve(spec.kind)
     except registry.UnknownKind as exc:
         issues.append(src.issue((*where, "kind"), f"{label}: {exc}"))
         cls = None
-    used: set[str] = set()
-    for key, value in spec.params.items():  # per param, so the error names its line
-        used |= check_refs(value, (*where, "params", key))
+    # per param, so the error names its line
+    refs = {key: check_refs(value, (*where, "params", key)) for key, value in spec.params.items()}
     if cls is not None:
-        _validate_params(src, (*where, "params"), label, cls, spec.params, variables, issues)
+        _validate_params(src, (*where, "params"), label, cls, spec.params, refs, variables, issues)
     if isinstance(spec.when, str):
         if (problem := _when_problem(spec.when)) is not None:
             issues.append(src.issue((*where, "when"), f"{label}: {problem}"))
-        used |= check_refs(spec.when, (*where, "when"))
+        check_refs(spec.when, (*where, "when"))
 
     checks: list[PlannedCheck] = []
     for j, raw in enumerate(spec.preconditions):
@@ -701,15 +706,21 @@ def _plan_task(
             ]
             continue
         params = dict(check.model_extra or {})
-        for key, value in params.items():
-            used |= check_refs(value, (*at, key))
+        param_refs = {key: check_refs(value, (*at, key)) for key, value in params.items()}
         try:
             check_cls = registry.resolve(check.kind, registry.PRECONDITION_GROUP)
         except registry.UnknownKind as exc:
             issues.append(src.issue((*at, "kind"), f"{label}: {exc}"))
             continue
         _validate_params(
-            src, at, f"{label} precondition {check.kind!r}", check_cls, params, variables, issues
+            src,
+            at,
+            f"{label} precondition {check.kind!r}",
+            check_cls,
+            params,
+            param_refs,
+            variables,
+            issues,
         )
         checks.append(
             PlannedCheck(check.kind, check_cls, params, check.wait, check.every, src.line(at))
@@ -725,9 +736,13 @@ def _plan_task(
         "preconditions": spec.preconditions,
         "vars": {k: MASK if k in secrets else variables[k] for k in sorted(used)},
     }
-    spec_json = json.dumps(fingerprint, sort_keys=True, default=str)
+    spec_json = _FINGERPRINT_JSON.encode(fingerprint)
     digest = hashlib.sha256(spec_json.encode()).hexdigest()[:16]
     return PlannedTask(spec, cls, checks, digest, fingerprint, spec_json, src.line(where))
+
+
+# json.dumps(fingerprint, sort_keys=True, default=str), its encoder made once
+_FINGERPRINT_JSON = json.JSONEncoder(sort_keys=True, default=str)
 
 
 def _when_problem(expr: str) -> str | None:
@@ -777,36 +792,31 @@ def _validate_params(
     label: str,
     cls: type[Any],
     params: dict[str, Any],
+    refs: dict[str, list[Ref] | None],
     variables: dict[str, Any],
     issues: list[PlanIssue],
 ) -> None:
     """Validate params against the kind's model now; fields that use findings wait for run time.
 
     Vars are known now, so they are substituted for this check (unquoted: it only checks types).
-    A param with a bad reference is skipped too: check_refs has reported it already.
+    `refs` holds each param's references (check_refs'), None where one is malformed: such a
+    param is skipped too, check_refs has reported it already.
     """
-    from .errors import TemplateError
-    from .templating import bash_params, inert_word, resolve
-
     # A var that bash would read is known now: refuse it here, on its line, not at run time.
     for name in sorted(bash_params(cls, params)):
-        try:
-            refs = set(iter_refs(params[name]))
-        except ValueError:
-            continue  # check_refs has reported it
-        for ref in sorted((r for r in refs if r.task is None and r.name in variables), key=str):
+        if (found := refs[name]) is None:
+            continue
+        for ref in sorted({r for r in found if r.task is None and r.name in variables}, key=str):
             try:
                 inert_word(ref, variables[ref.name])
             except TemplateError as exc:
                 issues.append(src.issue((*at, name), f"{label}: param {name!r}: {exc}"))
 
-    def unresolvable(value: Any) -> bool:
-        try:
-            return any(r.task or r.name not in variables for r in iter_refs(value))
-        except ValueError:
-            return True
-
-    deferred = {k for k, v in params.items() if unresolvable(v)}
+    deferred = {
+        k
+        for k, found in refs.items()
+        if found is None or any(r.task or r.name not in variables for r in found)
+    }
     try:
         view = {
             k: resolve(v, lambda r: variables.get(r.name))
@@ -834,21 +844,27 @@ def _validate_params(
             issues.append(src.issue((*at, *loc), f"{label}: {msg}"))
 
 
-def _dependency_order(tasks: list[PlannedTask], file_order: dict[str, int]) -> list[PlannedTask]:
-    """Topological order; among tasks ready together, the one written first goes first."""
-    by_id = {t.id: t for t in tasks}
-    sorter = graphlib.TopologicalSorter({t.id: t.spec.needs for t in tasks})
-    sorter.prepare()
-    ready = [(file_order[i], i) for i in sorter.get_ready()]
+def _dependency_order(graph: dict[str, list[str]], file_order: dict[str, int]) -> list[str] | None:
+    """Task ids in topological order (`graph`: id -> its needs); among tasks ready together, the
+    one written first goes first. None if there is a cycle."""
+    waiting: dict[str, int] = {}  # task -> needs not yet ordered
+    dependents: dict[str, list[str]] = {}
+    for task_id, needs in graph.items():
+        waiting[task_id] = waiting.get(task_id, 0) + len(needs)
+        for need in needs:
+            waiting.setdefault(need, 0)
+            dependents.setdefault(need, []).append(task_id)
+    ready = [(file_order[task_id], task_id) for task_id, n in waiting.items() if n == 0]
     heapq.heapify(ready)
-    ordered = []
+    order = []
     while ready:
         _, task_id = heapq.heappop(ready)
-        ordered.append(by_id[task_id])
-        sorter.done(task_id)
-        for i in sorter.get_ready():
-            heapq.heappush(ready, (file_order[i], i))
-    return ordered
+        order.append(task_id)
+        for dependent in dependents.get(task_id, ()):
+            waiting[dependent] -= 1
+            if waiting[dependent] == 0:
+                heapq.heappush(ready, (file_order[dependent], dependent))
+    return order if len(order) == len(waiting) else None
 
 
 def _sentence(error: Any, model: type[BaseModel] | None = None) -> str:

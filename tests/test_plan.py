@@ -6,6 +6,8 @@ and found with line_of(), so each test checks the exact line the loader names.
 
 from __future__ import annotations
 
+import graphlib
+import heapq
 import json
 import os
 import subprocess
@@ -16,6 +18,8 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from orchestrator.cli import cli
 from orchestrator.durations import parse_duration
@@ -146,6 +150,52 @@ def test_ties_keep_file_order(tmp_path: Path) -> None:
     assert [t.id for t in plan.tasks] == ["m", "q", "r", "z", "a", "b"]
 
 
+def reference_order(needs: dict[str, list[str]]) -> list[str] | None:
+    """graphlib's ready/done protocol, the first-written ready task first (as the loader did)."""
+    sorter = graphlib.TopologicalSorter(needs)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError:
+        return None
+    file_order = {task_id: i for i, task_id in enumerate(needs)}
+    ready = [(file_order[i], i) for i in sorter.get_ready()]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        _, task_id = heapq.heappop(ready)
+        order.append(task_id)
+        sorter.done(task_id)
+        for i in sorter.get_ready():
+            heapq.heappush(ready, (file_order[i], i))
+    return order
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    edges=st.lists(st.tuples(st.integers(0, 7), st.integers(0, 7)), max_size=16),
+    names=st.permutations([f"t{i}" for i in range(8)]),
+)
+def test_dependency_order_is_graphlibs(edges: list[tuple[int, int]], names: list[str]) -> None:
+    """Any needs (a cycle now and then, a need written twice): the order graphlib gave with
+    file-order ties, or a cycle named."""
+    needs: dict[str, list[str]] = {name: [] for name in names}
+    for task, need in edges:
+        if task > need or len(edges) % 5 == 0:  # mostly a DAG
+            needs[names[task]].append(names[need])
+    lines = [
+        f"  - {{id: {t}, kind: approve, params: {{message: m}}, needs: {n}}}"
+        for t, n in needs.items()
+    ]
+    text = "name: t\ntasks:\n" + "\n".join(lines).replace("'", "") + "\n"
+    expected = reference_order(needs)
+    try:
+        order = [t.id for t in load_plan(Path("plan.yaml"), text=text).tasks]
+    except PlanError as exc:
+        assert expected is None and "dependency cycle" in str(exc)
+    else:
+        assert order == expected
+
+
 def test_long_chain_written_dependents_first_loads(tmp_path: Path) -> None:
     """A 1500-task chain, each task needing the next one, loads (no recursion limit)."""
     lines = ["name: chain", "tasks:"]
@@ -167,6 +217,65 @@ def test_spec_hash_covers_the_vars_a_task_uses(tmp_path: Path) -> None:
     assert base.by_id["serve"].fingerprint["vars"] == {"port": 8000}
     changed = what_changed(base.by_id["serve"].fingerprint, other_port.by_id["serve"].fingerprint)
     assert changed == ["vars.port: 8000 -> 9000"]
+
+
+# Spec hashes are stored: a loader change that alters one marks every task of a store stale.
+PINNED = """
+name: pinned
+vars:
+  port: 8000
+  ratio: 0.5
+  flags: [a, b]
+  token: {env: ORCH_PIN_UNSET_TOKEN, default: s3cret}
+  shell: &shell {kind: shell, timeout: 30s}
+tasks:
+  - id: fetch
+    <<: *shell
+    params: {command: "echo fetch ${vars.port}", env: {TOKEN: "${vars.token}"}}
+  - id: serve
+    kind: python
+    needs: fetch
+    when: "${tasks.fetch.findings.ok} == true"
+    preconditions:
+      - {kind: command, command: "true", wait: 5s}
+    params:
+      function: "bench_noop:noop"
+      args:
+        port: "${vars.port}"
+        ratio: "${vars.ratio}"
+        flag: yes
+        none: ~
+        n: 0x1f
+        at: 2024-01-02
+    on_failure: {id: undo, kind: shell, params: {command: [echo, undo]}}
+  - id: t1
+    kind: python
+    params: {function: "bench_noop:noop"}
+    needs: serve
+finally:
+  - {id: tidy, kind: shell, params: {command: [echo, "${vars.port}"]}}
+"""
+
+
+def test_spec_hashes_are_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hashes (and one fingerprint as stored) of a plan with merges, a secret, typed YAML
+    values, preconditions, `when` and guards, as computed before loading was sped up."""
+    monkeypatch.delenv("ORCH_PIN_UNSET_TOKEN", raising=False)
+    plan = load_plan(write(tmp_path, PINNED))
+    assert {t.id: t.spec_hash for t in [*plan.tasks, *plan.guards]} == {
+        "fetch": "a1ddaf209ccc9dc0",
+        "serve": "69a440987141c5c0",
+        "t1": "c28c587ac95938cc",
+        "undo": "c2eeb5455e69dd8e",
+        "tidy": "6bf082a86be60205",
+    }
+    assert plan.by_id["serve"].spec_json == (
+        '{"kind": "python", "params": {"args": {"at": "2024-01-02", "flag": true, "n": 31, '
+        '"none": null, "port": "${vars.port}", "ratio": "${vars.ratio}"}, "function": '
+        '"bench_noop:noop"}, "preconditions": [{"command": "true", "kind": "command", '
+        '"wait": "5s"}], "vars": {"port": 8000, "ratio": 0.5}, "when": '
+        '"${tasks.fetch.findings.ok} == true"}'
+    )
 
 
 def test_user_kind_params_are_validated_by_its_model(tmp_path: Path) -> None:
