@@ -846,25 +846,22 @@ def _validate_params(
 
 def _dependency_order(graph: dict[str, list[str]], file_order: dict[str, int]) -> list[str] | None:
     """Task ids in topological order (`graph`: id -> its needs); among tasks ready together, the
-    one written first goes first. None if there is a cycle."""
-    waiting: dict[str, int] = {}  # task -> needs not yet ordered
-    dependents: dict[str, list[str]] = {}
-    for task_id, needs in graph.items():
-        waiting[task_id] = waiting.get(task_id, 0) + len(needs)
-        for need in needs:
-            waiting.setdefault(need, 0)
-            dependents.setdefault(need, []).append(task_id)
-    ready = [(file_order[task_id], task_id) for task_id, n in waiting.items() if n == 0]
+    one written first goes first. None if there is a cycle (one graphlib pass does both)."""
+    sorter = graphlib.TopologicalSorter(graph)
+    try:
+        sorter.prepare()
+    except graphlib.CycleError:
+        return None
+    ready = [(file_order[task_id], task_id) for task_id in sorter.get_ready()]
     heapq.heapify(ready)
     order = []
     while ready:
         _, task_id = heapq.heappop(ready)
         order.append(task_id)
-        for dependent in dependents.get(task_id, ()):
-            waiting[dependent] -= 1
-            if waiting[dependent] == 0:
-                heapq.heappush(ready, (file_order[dependent], dependent))
-    return order if len(order) == len(waiting) else None
+        sorter.done(task_id)
+        for ready_id in sorter.get_ready():
+            heapq.heappush(ready, (file_order[ready_id], ready_id))
+    return order
 
 
 def _sentence(error: Any, model: type[BaseModel] | None = None) -> str:
