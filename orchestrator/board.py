@@ -153,12 +153,9 @@ def render_board(
 
 
 def role(row: sqlite3.Row) -> str | None:
-    """A compensation's or `finally` task's role; None (also in a store read as it is from
-    before schema 4, which has no such column)."""
-    try:  # not `"role" in row.keys()`: that builds the list of every column, at every row
-        return row["role"]  # type: ignore[no-any-return]
-    except IndexError:
-        return None
+    """A compensation's or `finally` task's role; None for a step of the plan. (An older store
+    has the column too: opening it upgrades it, and a read-only one is refused.)"""
+    return row["role"]  # type: ignore[no-any-return]
 
 
 def guard_note(row: sqlite3.Row) -> str:

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.store import COLUMNS, SCHEMA_VERSION, Store
+from orchestrator.store import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -199,16 +199,19 @@ def test_events_list_and_follow_what_another_process_records(pdir: PlanDir) -> N
 
 
 def test_an_older_store_is_upgraded_and_keeps_its_record(pdir: PlanDir) -> None:
-    """A schema-2 store (before added tasks) gains the columns; its tasks are the plan's."""
+    """A schema-2 store (before added tasks and guards) gains the columns and tables; its
+    tasks are the plan's. Read as it is first: the board has no role column to read."""
     plan = pdir.write(PLAN.format(root=pdir.root))
     assert run_orch("run", plan).returncode == 0
     with pdir.db() as db:
         db.execute("PRAGMA foreign_keys=OFF")
-        for table, column in (("todos", "origin"), ("todos", "definition"), ("findings", "author")):
+        for table, column in _COLUMNS_SINCE:
             db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
+        db.execute("DROP TABLE approvals")
         db.execute("PRAGMA user_version=2")
         db.commit()
-    assert "2 tasks: 2 completed" in run_orch("status", plan).stdout  # read as it is
+    status = run_orch("status", plan)  # read as it is
+    assert status.returncode == 0 and "2 tasks: 2 completed" in status.stdout, status.stderr
     assert run_orch("todo", "add", plan, "new").returncode == 0
     with pdir.db() as db:
         assert db.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
