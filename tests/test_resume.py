@@ -8,8 +8,14 @@ import signal
 import sqlite3
 import sys
 import time
+from contextlib import closing
 from functools import partial
 from pathlib import Path
+
+import pytest
+
+from orchestrator import executor
+from orchestrator.plan import load_plan
 
 from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
 
@@ -435,3 +441,35 @@ def test_another_process_sees_each_step_committed_before_the_next_starts(pdir: P
         "seen_c": "completed",
         "seen_d": "in_progress",
     }
+
+
+def test_a_held_completion_is_committed_before_a_dead_runs_leftovers_are_ended(
+    pdir: PlanDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ending what a dead run left of a step (up to a 10 s grace) comes after the previous
+    step's completion is committed: another connection, looking when the ending starts, sees
+    it. The ending is the real one, watched (executor.jail wrapped, not replaced)."""
+    marker = pdir.root / "fixed"
+    plan_path = pdir.write(f"""
+        name: t
+        tasks:
+          - {{id: a, kind: shell, params: {{command: "test -e {marker}"}}}}
+          - {{id: b, kind: shell, params: {{command: "test -e {marker}"}}}}
+    """)
+    r = run_orch("run", plan_path, "--keep-going")  # both fail: b has a run, so leftovers
+    assert r.returncode == 1 and pdir.statuses() == {"a": "failed", "b": "failed"}, r.stderr
+    marker.touch()
+
+    seen: list[str] = []
+    real_jail = executor.jail
+
+    def watched(marker_env: tuple[str, str]) -> object:
+        if ":b:" in marker_env[1]:
+            with closing(sqlite3.connect(f"file:{pdir.store_path()}?mode=ro", uri=True)) as c:
+                seen.append(c.execute("SELECT status FROM todos WHERE id='a'").fetchone()[0])
+        return real_jail(marker_env)
+
+    monkeypatch.setattr(executor, "jail", watched)
+    result = executor.execute(load_plan(plan_path), pdir.store_path(), executor.RunOptions())
+    assert result.outcome == "completed"
+    assert seen == ["completed"]
