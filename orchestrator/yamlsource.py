@@ -303,6 +303,7 @@ class _Builder:
         node = yaml.ScalarNode(tag, event.value, event.start_mark, event.end_mark, event.style)
         try:
             value = _safe.construct_object(node, deep=True)
+            _safe.constructed_objects.clear()  # it keeps each by node: a leak in `orch mcp`
         except Exception as exc:  # raised when the stream has been read, as it was
             self._failed(exc)
             return

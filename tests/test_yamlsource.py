@@ -254,3 +254,11 @@ def test_an_alias_bomb_is_refused_before_much_is_built(monkeypatch: pytest.Monke
     with pytest.raises(PlanError, match="alias bomb"):
         parse_yaml("\n".join(lines) + "\n", "p.yaml")
     assert 0 < built <= yamlsource.MAX_EAGER_ALIAS_EVENTS
+
+
+def test_typed_scalars_leave_nothing_behind() -> None:
+    """The shared constructor forgets what it built (it keeps each value by its node): a
+    long-lived process (`orch mcp`) that loads plans again and again does not grow."""
+    for _ in range(3):
+        parse_yaml("a: 1\nb: 2.5\nc: true\nd: 2026-12-04\ne: null\n", "plan.yaml")
+    assert not yamlsource._safe.constructed_objects
