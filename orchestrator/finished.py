@@ -15,8 +15,9 @@ import re
 from collections.abc import Sequence
 from pathlib import Path
 
+from .errors import StoreError
 from .lock import RunLock
-from .store import Store
+from .store import SQLITE_ERRORS, Store
 
 DIGEST_KEY = "finished_digest"
 _NAME = re.compile(
@@ -58,8 +59,15 @@ def guess_store(plan_file: Path, store_opt: str | None) -> Path | None:
 def already_finished(store_path: Path, digest: str) -> bool:
     if not store_path.exists() or not RunLock(store_path).try_probe():
         return False
-    store = Store.open(store_path, create=False)
+    # A peek, not an open: the board shown next opens it with every check (a damaged or
+    # older store read here only sends the run down the full path, which says what is wrong).
+    try:
+        store = Store.peek(store_path)
+    except (*SQLITE_ERRORS, StoreError):
+        return False
     try:
         return store.meta(DIGEST_KEY) == digest and store.all_done()
+    except (*SQLITE_ERRORS, StoreError):
+        return False
     finally:
         store.close()

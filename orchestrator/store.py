@@ -340,19 +340,19 @@ def _writable(path: Path) -> bool:
     return os.access(path, os.W_OK) and os.access(path.parent, os.W_OK)
 
 
-def _connect(path: Path, readonly: bool) -> sqlite3.Connection:
+def _connect(path: Path, readonly: bool, whole: bool = False) -> sqlite3.Connection:
     """A connection that has read the schema version (so that a bad file fails here).
 
     Read-only: `mode=ro` first, which still sees what a live run has in its WAL; where that
     cannot work (no -shm and a folder no one may write, a full disk), `immutable=1`, which
     reads the main file alone and takes no lock: the last commits of a run killed before its
-    checkpoint may then be missing from what is shown.
+    checkpoint may then be missing from what is shown. `whole`: never that; `immutable=1`
+    only where there is no WAL, whose commits it would miss.
     """
+    at = quote(str(path.absolute()))
+    partial_ok = not whole or not path.with_name(path.name + "-wal").exists()
     uris = (
-        [
-            f"file:{quote(str(path.absolute()))}?mode=ro",
-            f"file:{quote(str(path.absolute()))}?immutable=1",
-        ]
+        [f"file:{at}?mode=ro", *([f"file:{at}?immutable=1"] if partial_ok else [])]
         if readonly
         else [str(path)]
     )
@@ -431,6 +431,14 @@ class Store:
             conn.close()
             raise
         return store
+
+    @classmethod
+    def peek(cls, path: Path) -> Store:
+        """Read-only and unchecked, for a quick look (is this plan finished?) that a full
+        `open` follows where it matters; an sqlite3 error means "cannot tell". It sees every
+        commit or fails: never a main file without its WAL."""
+        _check_file(path)  # before a connection, which may leave a -wal beside a cut file
+        return cls(path, _connect(path, readonly=True, whole=True), readonly=True)
 
     @classmethod
     def _make(cls, path: Path) -> None:

@@ -12,6 +12,7 @@ import shutil
 import sqlite3
 import stat
 import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -299,9 +300,38 @@ def test_read_only_store_can_be_read_but_not_run(tmp_path: Path) -> None:
         assert logs.returncode == 0 and "echo ran" in logs.stdout, logs.stderr
         history = run_orch("history", "plan.yaml", cwd=root)
         assert history.returncode == 0 and "completed" in history.stdout, history.stderr
+        done = run_orch("run", "plan.yaml", cwd=root)  # finished: nothing to write
+        assert done.returncode == 0 and "nothing to do" in done.stderr, done.stderr
         run = run_orch("run", "plan.yaml", "--rerun", "a", cwd=root)
         assert_refused(run, "read-only")
         assert (root / "a.count").read_text() == "ran\n"
+
+
+UNFINISH = """
+import os, sqlite3, sys
+conn = sqlite3.connect(sys.argv[1])
+conn.execute("UPDATE todos SET status='pending' WHERE id='a'")
+conn.commit()
+os._exit(0)  # no close: the commit stays in the WAL, the main file still says completed
+"""
+
+
+def test_a_read_only_store_whose_wal_holds_commits_is_not_taken_as_finished(
+    tmp_path: Path,
+) -> None:
+    """The re-run's quick look never reads the main file without its WAL: a commit there
+    (here `a` made pending again) would be missed, and the plan called finished."""
+    with tmpfs(tmp_path / "ro", "4m") as root:
+        pdir = PlanDir(root)
+        pdir.write(COUNTING_PLAN.format(root=root))
+        assert run_orch("run", "plan.yaml", cwd=root).returncode == 0
+        subprocess.run([sys.executable, "-c", UNFINISH, str(pdir.store_path())], check=True)
+        assert pdir.store_path().with_name("t.db-wal").stat().st_size > 0
+        pdir.store_path().with_name("t.db-shm").unlink()  # mode=ro can then not read the WAL
+        subprocess.run(["mount", "-o", "remount,ro", str(root)], check=True)
+        run = run_orch("run", "plan.yaml", cwd=root)
+        assert "nothing to do" not in run.stderr
+        assert_refused(run, "read-only")
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes through file modes")
