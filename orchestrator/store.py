@@ -369,7 +369,7 @@ def _connect(path: Path, readonly: bool, whole: bool = False) -> sqlite3.Connect
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not readonly:
                 # A new store's pages are 1 KiB (SQLite's default is 4): every commit appends
-                # the pages it changed to the WAL, about three per transition, and a third of
+                # the pages it changed to the WAL, about three per transition; a quarter of
                 # the bytes makes a commit ~30% cheaper. Ignored by an existing store.
                 conn.execute(f"PRAGMA page_size={PAGE_SIZE}")
                 conn.execute("PRAGMA journal_mode=WAL")
