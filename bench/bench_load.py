@@ -1,5 +1,6 @@
 """load_plan alone on no-op chains (bench_engine's write_plan), each run in a fresh
-interpreter after the imports, as `orch run` meets it: median ms and ms per task.
+interpreter after the imports, as `orch run` meets it (bench_engine's PHASES, which then runs
+the plan too): median ms and ms per task.
 
     .venv/bin/python bench/bench_load.py [--reps 9] [N ...]   (default N: 1000 2000)
 """
@@ -14,19 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench_engine import ENV, PYTHON, write_plan
-
-# Imports first (as bench_engine's PHASES), then load_plan timed alone.
-ONE = """
-import json, sys, time
-from pathlib import Path
-import orchestrator.cli
-from orchestrator.executor import RunOptions, execute
-from orchestrator.plan import load_plan
-t0 = time.perf_counter()
-load_plan(Path(sys.argv[1]))
-print(json.dumps(time.perf_counter() - t0))
-"""
+from bench_engine import ENV, PHASES, PYTHON, write_plan
 
 
 def child(code: str, *argv: str) -> str:
@@ -50,7 +39,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for n in args.sizes:
             path = write_plan(Path(tmp), "chain", n)
-            samples = [json.loads(child(ONE, str(path))) for _ in range(args.reps)]
+            # PHASES prints [imports, load_plan, execute]; each rep a store of its own
+            stores = [Path(tmp) / f"chain{n}-{i}.db" for i in range(args.reps)]
+            samples = [json.loads(child(PHASES, str(path), str(db)))[1] for db in stores]
             ms = statistics.median(samples) * 1000
             print(f"chain {n}: load_plan {ms:.1f} ms median of {args.reps}, {ms / n:.4f} ms/task")
     sys.stdout.flush()

@@ -17,9 +17,13 @@ import socket
 import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .findings import Finding
 from .plan import Plan
+
+if TYPE_CHECKING:
+    from .store import Store
 
 GATE_KIND = "approve"
 
@@ -39,6 +43,12 @@ def findings_hash(plan: Plan, task_id: str, findings: Mapping[str, Sequence[Find
         if f.author is None
     ]
     return hashlib.sha256(json.dumps(seen).encode()).hexdigest()[:16]
+
+
+def hashes(plan: Plan, task_id: str, store: Store) -> tuple[str, str]:
+    """What an approval of the gate `task_id` is recorded with, and judged against: the plan's
+    hash and that of the findings upstream of the gate."""
+    return plan_hash(plan), findings_hash(plan, task_id, store.findings())
 
 
 def who() -> str:

@@ -296,10 +296,7 @@ def approve(
             from .todos import ensure_plan
 
             ensure_plan(plan, store)
-        plan_digest, seen = (
-            approvals.plan_hash(plan),
-            approvals.findings_hash(plan, task_id, store.findings()),
-        )
+        plan_digest, seen = approvals.hashes(plan, task_id, store)
         by = approvals.who()
         store.approve(task_id, by, note, plan_digest, seen, "orch approve")
     finally:

@@ -148,8 +148,7 @@ class Runner:
         self.home = plan.file.absolute().parent  # where the plan's relative paths start
         self.tag = tag  # tells this store's task markers from another store's
         self.selection, self.options, self.log = selection, options, log
-        self.rows = {r["id"]: r for r in store.todos()}
-        self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+        self.read_todos()
         # Resolved again knowing who held what: the rerun's cut, revived holders, their releasers.
         self.selection, revived = selection.reviving(plan, store.resources(), self.statuses)
         for task_id, why in revived.items():
@@ -224,6 +223,11 @@ class Runner:
             )
         return self.result(outcome)
 
+    def read_todos(self) -> None:
+        """The store's rows and statuses, as the run starts (or after compensations)."""
+        self.rows = {r["id"]: r for r in self.store.todos()}
+        self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+
     def result(self, outcome: str) -> RunResult:
         code = {"completed": EXIT_OK, "waiting": EXIT_WAITING}.get(outcome, EXIT_FAILED)
         return RunResult(self.run_id, outcome, code, self.stale)
@@ -251,9 +255,7 @@ class Runner:
         for task in self.plan.tasks:  # what the failed run left running goes first
             self.end_leftovers(task)
         ok = self.compensate(due)
-        # What they undid is pending again: the plan's steps must see it so.
-        self.rows = {r["id"]: r for r in self.store.todos()}
-        self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
+        self.read_todos()  # what they undid is pending again: the plan's steps must see it so
         if not ok:
             self.log.error(
                 "run.stopped",
@@ -294,13 +296,14 @@ class Runner:
             outcome = "failed"
         self.store.end_run(self.run_id, outcome)
         # Armed or never armed (their step was skipped): nothing of theirs can be due now.
-        spare = [
-            r["id"]
-            for r in self.store.todos()
-            if r["role"] == "on_failure" and r["status"] == Status.PENDING
-        ]
-        if spare and outcome == "completed" and self.store.all_done():
-            self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
+        if outcome == "completed" and self.store.all_done():
+            spare = [
+                r["id"]
+                for r in self.store.todos()
+                if r["role"] == "on_failure" and r["status"] == Status.PENDING
+            ]
+            if spare:
+                self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
         self.log.info("run.finished", outcome=outcome, tasks_started=self.started)
         return self.result(outcome)
 
@@ -576,8 +579,7 @@ class Runner:
         """The approval that lets this gate pass now (one given with --approve is recorded
         first); None after recording the gate as waiting, saying for what."""
         params = self.resolve_params(task.cls, task.spec.params)  # a missing finding fails it
-        plan_digest = approvals.plan_hash(self.plan)
-        seen = approvals.findings_hash(self.plan, task.id, self.store.findings())
+        plan_digest, seen = approvals.hashes(self.plan, task.id, self.store)
         verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
         if verdict.approval is None and task.id in self.options.approve:
             how = "orch run --approve"

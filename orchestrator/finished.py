@@ -13,6 +13,7 @@ import hashlib
 import os
 import re
 from collections.abc import Sequence
+from contextlib import closing
 from pathlib import Path
 
 from .errors import StoreError
@@ -62,12 +63,7 @@ def already_finished(store_path: Path, digest: str) -> bool:
     # A peek, not an open: the board shown next opens it with every check (a damaged or
     # older store read here only sends the run down the full path, which says what is wrong).
     try:
-        store = Store.peek(store_path)
+        with closing(Store.peek(store_path)) as store:
+            return store.meta(DIGEST_KEY) == digest and store.all_done()
     except (*SQLITE_ERRORS, StoreError):
         return False
-    try:
-        return store.meta(DIGEST_KEY) == digest and store.all_done()
-    except (*SQLITE_ERRORS, StoreError):
-        return False
-    finally:
-        store.close()

@@ -22,6 +22,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from . import registry
 from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
 from .redact import MASK
+from .stalls import Action as StallAction
 from .task import Duration, as_list
 from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
 from .yamlsource import Located, Path_, check_bounds, load_yaml, parse_yaml
@@ -57,7 +58,6 @@ def _stall_after(seconds: float) -> float:
 
 # How long a task's processes may make no progress before it is reported stalled (stalls.py).
 StallAfter = Annotated[Duration, AfterValidator(_stall_after)]
-OnStall = Literal["wait", "fail", "restart"]
 
 
 class Retries(BaseModel):
@@ -87,7 +87,7 @@ class TaskSpec(BaseModel):
     )
     # Stall watch of its processes; not in the spec hash (like timeout): a run-time policy.
     stall_after: StallAfter | None = None
-    on_stall: OnStall | None = None
+    on_stall: StallAction | None = None
     # What it holds while it runs, of the plan's `resources` (name -> units): with --jobs, a
     # task starts only when its units are free. Scheduling only: not in the spec hash.
     # Or of a pool the host has by id (`gpus: 2`, `gpus: [0, 1]`: registry.POOL_GROUP).
@@ -122,7 +122,7 @@ class PlanHeader(BaseModel):
     # Named resources and their units (`disk-heavy: 1`, `port: 4`): tasks hold some of them.
     resources: dict[Annotated[str, Field(pattern=ID_PATTERN)], Annotated[int, Field(ge=1)]] = {}
     stall_after: StallAfter | None = None  # every task's, unless it says otherwise
-    on_stall: OnStall | None = None
+    on_stall: StallAction | None = None
     tasks: list[Any] = Field(min_length=1)
     # Tasks run at the end of every run that did work, whatever its outcome (or first thing in
     # the next run, if this one was killed).

@@ -17,6 +17,7 @@ stall is reported, and nothing here imports more than the standard library at lo
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import re
 import shutil
@@ -27,15 +28,17 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from .errors import TaskError
 from .process import stat_fields, tail
 from .redact import mask
 
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
+
 PROBE_GROUP = "orch.progress"
 Action = Literal["wait", "fail", "restart"]
-ACTIONS: tuple[Action, ...] = ("wait", "fail", "restart")
 MIN_STALL_AFTER = 1.0  # seconds: progress is sampled every 0.2 s at best
 CPU_SHARE = 0.02  # of one core, per process, since the last progress: more is working
 CPU_FLOOR = 0.05  # seconds of CPU: the kernel counts in 10 ms ticks
@@ -93,14 +96,21 @@ def evidence_path(log_path: Path) -> Path:
 
 
 def load_probes() -> list[ProgressProbe]:
-    """Every installed progress probe; one that fails to load is left out (reads nothing)."""
-    from importlib.metadata import entry_points
-
+    """Every installed progress probe, made anew; one that fails to load or start is left
+    out (reads nothing)."""
     probes: list[ProgressProbe] = []
-    for ep in entry_points(group=PROBE_GROUP):
+    for ep in _probe_entry_points():
         with contextlib.suppress(Exception):
             probes.append(ep.load()())
     return probes
+
+
+@functools.cache
+def _probe_entry_points() -> tuple[EntryPoint, ...]:
+    """Scanned once a process (the packages' metadata; a watcher starts at every attempt)."""
+    from importlib.metadata import entry_points
+
+    return tuple(entry_points(group=PROBE_GROUP))
 
 
 @dataclass
@@ -120,24 +130,20 @@ class StallWatcher:
         policy: StallPolicy,
         members: Callable[[], Sequence[int]],
         log_path: Path,
-        log_offset: int = 0,
+        log_offset: int | None = None,  # where the watched output starts; None: the end now
         evidence: Path | None = None,
         probes: Sequence[ProgressProbe] | None = None,
     ) -> None:
         self.policy, self.members = policy, members
-        self.log_path, self.log_offset = log_path, log_offset
+        self.log_path = log_path
         self.evidence = evidence
         self.probes = load_probes() if probes is None else list(probes)
         self.every = min(max(policy.after / 10, 0.2), 5.0)
         self.next_look = 0.0
         self.mark = _Sample(time.monotonic(), self._log_size(), {})  # the last progress
-        self.reported = False
+        self.log_offset = self.mark.log_size if log_offset is None else log_offset
+        self.reported = False  # a stall was reported and nothing has moved since
         self.stalls = 0
-
-    @property
-    def stalled(self) -> bool:
-        """Reported and nothing has moved since."""
-        return self.reported
 
     def idle(self) -> float:
         return time.monotonic() - self.mark.at
@@ -208,7 +214,7 @@ class StallWatcher:
         procs = [_describe(pid, now.cpu.get(pid, 0.0) - before.get(pid, 0.0)) for pid in pids]
         dumps = [(p, _dump(p.pid)) for p in [p for p in procs if p.python][:MAX_DUMPS]]
         where = _where(procs, dumps)
-        summary = f"{head}; {where}" if where else head
+        summary = f"{head}; {where}"
         lines = [
             f"== stalled at {datetime.now().astimezone().isoformat(timespec='seconds')}: {summary}",
             f"stall_after {self.policy.after:g}s, on_stall {self.policy.action}; "
@@ -305,7 +311,7 @@ def _describe(pid: int, cpu_idle: float) -> _Proc:
         rss,
         cpu,
         cpu_idle,
-        "0" if wchan == "0" else wchan,
+        wchan,
         command or f"[{stat[1] if len(stat) > 1 else '?'}]",
         _is_python(pid),
     )

@@ -427,8 +427,7 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
         ctx.stall or StallPolicy(LOADING_STALL_AFTER),
         lambda: supervisor(handle).leftovers(handle),
         log,
-        _size(log),
-        evidence_path(ctx.log_path),
+        evidence=evidence_path(ctx.log_path),
     )
     try:
         while True:
@@ -454,7 +453,7 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
             if now >= next_note:
                 state = (
                     f"stalled: nothing moved for {watch.idle():.0f}s, loading for"
-                    if watch.stalled
+                    if watch.reported
                     else "loading for"
                 )
                 ctx.progress(
@@ -466,13 +465,6 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
     finally:
         gpu.close()
         watch.close()
-
-
-def _size(path: Path) -> int:
-    try:
-        return path.stat().st_size
-    except OSError:
-        return 0
 
 
 def _probe(p: LaunchParams) -> None:
