@@ -292,11 +292,14 @@ def approve(
         )
     store = _open_writable(path)  # approving before the first run is allowed
     try:
-        if store.todo(task_id) is None:
-            from .todos import ensure_plan
+        from .plan import with_added
+        from .todos import added_tasks, ensure_plan
 
+        if store.todo(task_id) is None:
             ensure_plan(plan, store)
-        plan_digest, seen = approvals.hashes(plan, task_id, store)
+        # The plan the run will run: the file's tasks and those added to the store.
+        ran = with_added(plan, added_tasks(store))
+        plan_digest, seen = approvals.hashes(ran, task_id, store)
         by = approvals.who()
         store.approve(task_id, by, note, plan_digest, seen, "orch approve")
     finally:

@@ -344,3 +344,16 @@ def test_a_gate_whose_finding_is_missing_fails_and_approve_names_the_gates(pdir:
     r = run_orch("approve", plan, "measure")
     assert r.returncode == 2 and "'measure' is not an approval gate" in r.stderr
     assert "(gates: confirm)" in r.stderr
+
+
+def test_an_approval_holds_when_the_store_has_tasks_added_to_the_plan(pdir: PlanDir) -> None:
+    """`orch approve` hashes the plan the run runs: the file's tasks and those added to the
+    store (`orch todo add`, an agent), not the file's alone."""
+    plan = gated(pdir)
+    added = run_orch("todo", "add", plan, "extra", "--kind", "shell", "--param", "command=echo")
+    assert added.returncode == 0, added.stderr
+    assert run_orch("run", plan).returncode == 4
+    assert run_orch("approve", plan, "confirm").returncode == 0
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert trail(pdir) == ["stop"]
