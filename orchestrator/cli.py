@@ -281,15 +281,7 @@ def approve(
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
-    task = plan.by_id.get(task_id)
-    if task is None or task.spec.kind != approvals.GATE_KIND:
-        from .errors import did_you_mean
-
-        gates = [t.id for t in plan.tasks if t.spec.kind == approvals.GATE_KIND]
-        raise UsageError(
-            f"{task_id!r} is not an approval gate of {plan_file}"
-            f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
-        )
+    _check_gate(plan, task_id)
     store = _open_writable(path)  # approving before the first run is allowed
     try:
         from .plan import with_added
@@ -326,6 +318,20 @@ def _stoppable() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+def _check_gate(plan: Plan, task_id: str) -> None:
+    """A usage error unless `task_id` is an approval gate of `plan` (`approve`, `--approve`)."""
+    from .approvals import GATE_KIND
+    from .errors import did_you_mean
+
+    task = plan.by_id.get(task_id)
+    if task is None or task.spec.kind != GATE_KIND:
+        gates = [t.id for t in plan.tasks if t.spec.kind == GATE_KIND]
+        raise UsageError(
+            f"{task_id!r} is not an approval gate of {plan.file}"
+            f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
+        )
+
+
 def _execute(
     plan_file: Path,
     store_opt: str | None,
@@ -342,6 +348,8 @@ def _execute(
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
+    for gate in run_options.get("approve", ()):
+        _check_gate(plan, gate)  # a mistyped --approve would leave the run waiting at its gate
     # On a terminal the board is redrawn in place and the log lines go to events.jsonl only.
     live = not (quiet or as_json) and wanted(sys.stderr)
     options = RunOptions(

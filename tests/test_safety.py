@@ -357,3 +357,11 @@ def test_an_approval_holds_when_the_store_has_tasks_added_to_the_plan(pdir: Plan
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stdout + r.stderr
     assert trail(pdir) == ["stop"]
+
+
+def test_a_mistyped_approve_is_a_usage_error_not_a_wait(pdir: PlanDir) -> None:
+    plan = gated(pdir)
+    r = run_orch("run", plan, "--approve", "confrim")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "'confrim' is not an approval gate" in r.stderr and "did you mean 'confirm'" in r.stderr
+    assert not pdir.store_path().exists()  # nothing ran
