@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.containment import Jail, jail
 from orchestrator.process import is_alive, last_line, tail
-from orchestrator.stalls import StallPolicy, StallWatcher, TaskStalled, act, evidence_path
+from orchestrator.stalls import StallPolicy, StallWatcher, act, evidence_path
 from orchestrator.terminal import plural
 from orchestrator.umask import user_umask
 from probes import http
@@ -570,8 +570,8 @@ class ServerLaunch(Task[LaunchParams]):
         except (TaskError, http.Unreachable) as exc:  # a retry must find the port free
             _stop_all(handle, p.stop_timeout)
             ctx.release(name)
-            if isinstance(exc, TaskStalled):
-                raise  # the engine restarts it when on_stall says so
+            if isinstance(exc, TaskError):
+                raise  # as it is: a TaskStalled is restarted when on_stall says so
             raise TaskError(str(exc)) from None
         ctx.hold(name, {**held, **resolved})  # bench.serve reads these
         ctx.finding("url", p.url)

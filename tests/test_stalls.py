@@ -355,26 +355,30 @@ time.sleep(float(sys.argv[2]))  # <- stops growing
 """
 
 
-def _gpu_child(
-    tmp_path: Path, steps: int, then_sleep: float, gpu_uuid: str
-) -> subprocess.Popen[bytes]:
-    child = tmp_path / "grower.py"
+def _watched_child(
+    tmp_path: Path, gpu_uuid: str, steps: int, seconds: float, probes: bool
+) -> list[StallReport]:
+    """The grower started on the GPU (`steps` growths, then a long sleep) and watched for
+    `seconds` with stall_after 2 s, with the installed probes or none; ended whatever happens."""
+    child, log = tmp_path / "grower.py", tmp_path / "grower.log"
     child.write_text(GROWER)
-    with (tmp_path / "grower.log").open("wb") as log:  # the child keeps its own descriptor
+    with log.open("wb") as out:  # the child keeps its own descriptor
         proc = subprocess.Popen(
-            [sys.executable, str(child), str(steps), str(then_sleep)],
-            stdout=log,
+            [sys.executable, str(child), str(steps), "30"],
+            stdout=out,
             stderr=subprocess.STDOUT,
             start_new_session=True,
             env={**os.environ, "CUDA_VISIBLE_DEVICES": gpu_uuid},
         )
-    deadline = time.monotonic() + 120
-    while b"ready" not in (tmp_path / "grower.log").read_bytes():
-        assert proc.poll() is None and time.monotonic() < deadline, (
-            tmp_path / "grower.log"
-        ).read_text()
-        time.sleep(0.1)
-    return proc
+    try:
+        deadline = time.monotonic() + 120
+        while b"ready" not in log.read_bytes():
+            assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        return _watch(proc, log, 2.0, seconds, probes)
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def _watch(
@@ -421,27 +425,11 @@ def test_a_loader_whose_gpu_memory_grows_is_not_stalled_and_one_that_stops_is(
     stops growing and sleeps: stalled, naming the sleep, with no GPU change."""
     uuid = _idle_gpu_uuid()
     assert load_probes(), "the GPU probe (entry point orch.progress) is not installed"
-    log = tmp_path / "grower.log"
-    proc = _gpu_child(tmp_path, 14, 30.0, uuid)
-    try:
-        growing = _watch(proc, log, 2.0, 6.0, probes=True)
-        assert growing == [], growing[0].summary
-    finally:
-        proc.kill()
-        proc.wait()
-    proc = _gpu_child(tmp_path, 14, 30.0, uuid)
-    try:
-        control = _watch(proc, log, 2.0, 6.0, probes=False)
-        assert control, "without the GPU probe the silent loader should look stalled"
-    finally:
-        proc.kill()
-        proc.wait()
-    proc = _gpu_child(tmp_path, 2, 30.0, uuid)
-    try:
-        stopped = _watch(proc, log, 2.0, 8.0, probes=True)
-    finally:
-        proc.kill()
-        proc.wait()
+    growing = _watched_child(tmp_path, uuid, 14, 6.0, probes=True)
+    assert growing == [], growing[0].summary
+    control = _watched_child(tmp_path, uuid, 14, 6.0, probes=False)
+    assert control, "without the GPU probe the silent loader should look stalled"
+    stopped = _watched_child(tmp_path, uuid, 2, 8.0, probes=True)
     assert len(stopped) == 1
     summary = stopped[0].summary
     assert summary.startswith("no output, no CPU, no GPU change for "), summary
