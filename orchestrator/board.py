@@ -5,7 +5,6 @@ Reads plain rows; imports nothing heavy, so `orch status` starts fast.
 
 from __future__ import annotations
 
-import shutil
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -15,7 +14,7 @@ from typing import Any
 from .durations import format_duration
 from .findings import Finding
 from .status import TODOWRITE, Status
-from .terminal import clean, plural
+from .terminal import clean, plural, terminal_width
 
 STATUS_SCHEMA = "orch.status/v1"
 
@@ -105,7 +104,7 @@ def render_board(
     width: int | None = None,
 ) -> str:
     paint = Painter(color)
-    width = width or shutil.get_terminal_size((100, 24)).columns
+    width = width or terminal_width()
     stale = stale or {}
     lines = [paint(_headline(plan_name, store_path, run), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)

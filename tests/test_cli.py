@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shlex
 import sqlite3
 import subprocess
@@ -20,7 +21,11 @@ from orchestrator.cli import cli
 from conftest import ORCH, PlanDir, run_orch, start_orch, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-HEAVY = ("pydantic", "sqlite_utils", "structlog", "yaml", "psutil", "rich", "pynvml")
+# And two a start-up does not need: OpenSSL (_hashlib) and shutil (bz2, lzma), ~2 ms each.
+HEAVY = (
+    *("pydantic", "sqlite_utils", "structlog", "yaml", "psutil", "rich", "pynvml"),
+    *("_hashlib", "shutil"),
+)
 
 
 def test_engine_never_imports_the_task_library() -> None:
@@ -456,3 +461,34 @@ def test_the_docs_examples_work_from_another_folder(tmp_path: Path) -> None:
             continue  # status/logs/report of the rehearsal: test_vllm's rehearsal test
         r = run_orch(*argv, cwd=tmp_path, timeout=120)
         assert r.returncode == 0, f"{doc}: orch {' '.join(args)}: {r.stderr[-2000:]}"
+
+
+@pytest.mark.parametrize("columns", [None, "77", "0", "wide"])
+def test_terminal_width_is_what_shutil_says_on_a_terminal_and_off_it(columns: str | None) -> None:
+    """terminal_width() (written out to spare the import) gives shutil.get_terminal_size's
+    columns: $COLUMNS when it is a number, else the terminal's, else 100 (a pipe)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    code = (
+        "import shutil; from orchestrator.terminal import terminal_width;"
+        "print(terminal_width(), shutil.get_terminal_size((100, 24)).columns)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    env |= {"COLUMNS": columns} if columns is not None else {}
+    leader, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 31, 123, 0, 0))
+        for stdout, expected in ((follower, 123), (subprocess.PIPE, 100)):
+            r = subprocess.run(
+                [sys.executable, "-c", code], stdout=stdout, stderr=subprocess.PIPE, env=env
+            )
+            assert r.returncode == 0, r.stderr
+            out = r.stdout if r.stdout is not None else os.read(leader, 100)
+            ours, theirs = out.decode().split()
+            assert ours == theirs == (columns if columns == "77" else str(expected))
+    finally:
+        os.close(leader)
+        os.close(follower)
