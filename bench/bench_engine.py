@@ -178,6 +178,57 @@ def sqlite_floor_s(path: Path, n: int) -> float:
         return time.perf_counter() - t0
 
 
+# The fixed parts of orch's design alone, for a plan of no-op tasks: the plan read by libyaml
+# and each task validated by pydantic; per task one commit (the previous task's completion and
+# this one's start, a SELECT, UPDATE and INSERT each, the store's pragmas); two structlog events
+# written as JSON lines. No engine: what any engine built of these parts pays per task.
+FLOOR = """
+import sqlite3, sys, time
+import pydantic, structlog, yaml
+
+class Task(pydantic.BaseModel):
+    id: str
+    kind: str
+    params: dict = {}
+    needs: str | list[str] = []
+
+def noop():
+    return None
+
+with open(sys.argv[1]) as f:
+    tasks = [Task.model_validate(t) for t in yaml.load(f, Loader=yaml.CSafeLoader)["tasks"]]
+c = sqlite3.connect(sys.argv[2], isolation_level=None)
+c.executescript(
+    "PRAGMA page_size=1024; PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;"
+    "CREATE TABLE todos(id TEXT PRIMARY KEY, status TEXT, attempts INT, at REAL);"
+    "CREATE TABLE transitions(seq INTEGER PRIMARY KEY, task_id TEXT, to_status TEXT, at REAL);"
+    "CREATE INDEX t_id ON transitions(task_id, seq);"
+)
+c.executemany("INSERT INTO todos VALUES (?, 'pending', 0, 0)", [(t.id,) for t in tasks])
+sink = open(sys.argv[2] + ".jsonl", "w")
+structlog.configure(
+    processors=[structlog.processors.TimeStamper(fmt="iso"), structlog.processors.JSONRenderer()],
+    logger_factory=structlog.WriteLoggerFactory(sink),
+)
+log = structlog.get_logger().bind(run=1)
+done = []
+for t in tasks:
+    c.execute("BEGIN IMMEDIATE")
+    for task_id, status in (*done, (t.id, "in_progress")):
+        c.execute("SELECT status, attempts FROM todos WHERE id=?", (task_id,)).fetchone()
+        c.execute("UPDATE todos SET status=?, at=? WHERE id=?", (status, time.time(), task_id))
+        c.execute(
+            "INSERT INTO transitions(task_id, to_status, at) VALUES (?, ?, ?)",
+            (task_id, status, time.time()),
+        )
+    c.execute("COMMIT")
+    log.info("task.started", task=t.id)
+    noop()
+    log.info("task.completed", task=t.id)
+    done = [(t.id, "completed")]
+c.execute("UPDATE todos SET status='completed' WHERE id=?", (done[0][0],))
+"""
+
 DOIT_VERSION = "0.37.0"
 BIG = 3000  # the long chain of the marginal per-task figure: 2000 tasks more than 1000
 DOIT_VENV = BENCH_DIR / ".doit-venv"
@@ -244,18 +295,26 @@ def doit_rows(
     plan_big, store_big = write_plan(tmp, "chain", BIG), tmp / f"chain{BIG}-vs-doit.db"
     orch_at[BIG] = [ORCH, "run", str(plan_big), "-q", "--store", str(store_big)]
     clears["orch1000"], clears[f"orch{BIG}"] = clear_store, fresh(store_big)
+    floor_at = {n: [PYTHON, "-c", FLOOR, str(tmp / f"chain{n}.yaml"), str(tmp / f"floor{n}.db")]
+                for n in (1000, BIG)}  # fmt: skip
+    for n in (1000, BIG):
+        clears[f"floor{n}"] = partial(_unlink_all, tmp, f"floor{n}.db*")
 
     passes: list[float] = []
     runs: dict[tuple[str, int], list[float]] = {}
     for _ in range(reps):
         passes.append(timed(proc([PYTHON, "-c", "pass"])))
         for n in (1000, BIG):
-            for tool, argv in (("doit", [*doit, "run", *at[n]]), ("orch", orch_at[n])):
+            for tool, argv in (
+                ("doit", [*doit, "run", *at[n]]),
+                ("orch", orch_at[n]),
+                ("floor", floor_at[n]),
+            ):
                 clears[f"{tool}{n}"]()
                 runs.setdefault((tool, n), []).append(timed(proc(argv)))
     pass_s = statistics.median(passes)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    tools = ("doit", "orch")
+    tools = ("doit", "orch", "floor")
     whole = {tool: (med[tool, 1000] - pass_s) / 1000 for tool in tools}
     marginal = {tool: (med[tool, BIG] - med[tool, 1000]) / (BIG - 1000) for tool in tools}
     at_1000 = at[1000]
@@ -284,6 +343,10 @@ def doit_rows(
     return [
         *pair("per task", f"doit {DOIT_VERSION}, marginal: ({BIG} - 1000 chain) / {BIG - 1000}",
               f"orch, marginal: ({BIG} - 1000 chain) / {BIG - 1000}", marginal, "ms/task", "≤1.5"),
+        Row("vs doit", "  the design's fixed parts alone, marginal", marginal["floor"] * ms,
+            "ms/task"),
+        Row("vs doit", "  ratio fixed parts/doit, per task", marginal["floor"] / marginal["doit"],
+            "x"),
         *pair("whole run / n", "doit run - python -c pass, chain of 1000 / 1000",
               "orch run - python -c pass, chain of 1000 / 1000", whole, "ms/task", ""),
         *pair("re-run", "doit run, everything up to date", "orch run, finished plan unchanged",
