@@ -25,7 +25,7 @@ from .redact import MASK
 from .stalls import Action as StallAction
 from .task import Duration, as_list
 from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
-from .yamlsource import Located, Path_, check_bounds, load_yaml, parse_yaml
+from .yamlsource import SYNTAX_ERROR, Located, Path_, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
 # Tighter than yamlsource's per-value limit: ids and names become file names, log names and
@@ -893,24 +893,24 @@ def _message(error: Any) -> str:
 
 
 def parse_var(text: str) -> tuple[str, Any]:
-    """`--var key=value`; the value is read as YAML, so `--var tp=8` is an int. Text that is
-    not valid YAML is refused, not taken as a string: `--var 'x=[1,'` is a typo, not a name."""
-    import yaml
-
+    """`--var key=value`; the value is read as YAML by the plan's own reader (its limits, no
+    duplicate keys), so `--var tp=8` is an int. Text that is not valid YAML is refused, not
+    taken as a string: `--var 'x=[1,'` is a typo, not a name."""
     key, sep, raw = text.partition("=")
     if not sep or not key:
         raise ValueError(f"--var {text!r}: write KEY=VALUE")
+    if not raw:
+        return key, ""
     try:
-        check_bounds(raw, f"--var {key}")  # a value has the plan's limits: no alias bomb
-        return key, yaml.safe_load(raw) if raw else ""
+        return key, parse_yaml(raw, f"--var {key}").data
     except PlanError as exc:
-        raise ValueError(f"--var {key}: {exc.issues[0].message}") from None
-    except yaml.YAMLError as exc:
-        problem = getattr(exc, "problem", None) or "not valid YAML"
-        raise ValueError(
-            f"--var {key}={raw!r} is not valid YAML ({problem}): for text, quote "
-            f"it: --var '{key}=\"...\"'"
-        ) from None
+        problem = exc.issues[0].message
+        if problem.startswith(SYNTAX_ERROR):
+            raise ValueError(
+                f"--var {key}={raw!r} is not valid YAML ({problem.removeprefix(SYNTAX_ERROR)}):"
+                f" for text, quote it: --var '{key}=\"...\"'"
+            ) from None
+        raise ValueError(f"--var {key}: {problem}") from None
 
 
 def what_changed(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:

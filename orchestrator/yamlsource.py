@@ -31,6 +31,7 @@ MAX_SCALAR_CHARS = 64 * 1024  # one key or value: a long command still fits
 # Events replayed for aliases while the text is read, before it is known to be within bounds
 # (more are replayed in a second pass): an alias bomb is refused after about a millisecond.
 MAX_EAGER_ALIAS_EVENTS = 2_000
+SYNTAX_ERROR = "YAML syntax error: "
 
 
 @dataclass
@@ -85,7 +86,7 @@ def parse_yaml(text: str, file: str) -> Located:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         problem = exc.problem or exc.context or "invalid YAML"
-        raise PlanError([PlanIssue(file, line, f"YAML syntax error: {problem}")]) from None
+        raise PlanError([PlanIssue(file, line, SYNTAX_ERROR + problem)]) from None
     except yaml.YAMLError as exc:
         raise PlanError([PlanIssue(file, None, f"YAML error: {exc}")]) from None
     try:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -961,6 +962,25 @@ def test_parse_var_refuses_bad_yaml(text: str) -> None:
     """Bad YAML is a usage error naming the var, not silently a string (a typo'd list would
     otherwise reach a task as text)."""
     with pytest.raises(ValueError, match=rf"--var {text.split('=')[0]}=.* is not valid YAML"):
+        parse_var(text)
+
+
+@pytest.mark.parametrize(
+    ("text", "problem"),
+    [
+        ("m={a: 1, a: 2}", "--var m: duplicate key 'a'"),
+        ("t=!!python/object:os.system x", "could not determine a constructor"),
+        ("deep=" + "[" * 40 + "]" * 40, "nested"),
+        ("bomb=[&a [x, x, x, x, x, x, x, x, x], " + ", ".join(["*a"] * 20) + "]", ""),
+    ],
+)
+def test_parse_var_reads_as_a_plan_does(text: str, problem: str) -> None:
+    """A --var value has the plan's rules: a duplicate key, an unknown tag or too deep a
+    nesting is refused as it would be in the plan file (not the last key silently winning)."""
+    if not problem:  # within the bounds: read, aliases and all
+        assert parse_var(text)[1][1] == ["x"] * 9
+        return
+    with pytest.raises(ValueError, match=re.escape(problem)):
         parse_var(text)
 
 
