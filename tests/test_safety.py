@@ -365,3 +365,53 @@ def test_a_mistyped_approve_is_a_usage_error_not_a_wait(pdir: PlanDir) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "'confrim' is not an approval gate" in r.stderr and "did you mean 'confirm'" in r.stderr
     assert not pdir.store_path().exists()  # nothing ran
+
+
+def add_gate(plan: Path, pdir: PlanDir) -> None:
+    """A gate `late` added to the store after `measure`, and a step `after` behind it."""
+    for args in (
+        ("late", "--kind", "approve", "--param", "message=go on?", "--needs", "measure"),
+        ("after", "--kind", "shell", "--needs", "late"),
+    ):
+        extra = (
+            ("--param", f"command=echo after >> {pdir.root / 'trail'}")
+            if args[0] == "after"
+            else ()
+        )
+        r = run_orch("todo", "add", plan, *args, *extra)
+        assert r.returncode == 0, r.stderr
+
+
+def test_a_gate_added_to_the_store_is_approved_by_orch_approve(pdir: PlanDir) -> None:
+    """The run waits at a gate `orch todo add` (or an agent) added: `orch approve` must
+    accept it, as the run's plan has it, and the next run passes it."""
+    plan = gated(pdir)
+    add_gate(plan, pdir)
+    r = run_orch("run", plan, "--approve", "confirm")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert board(plan)["late"]["status"] == "waiting"
+    r = run_orch("approve", plan, "late", "-m", "ok")
+    assert r.returncode == 0, r.stderr
+    assert "late approved by" in r.stdout
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(trail(pdir)) == ["after", "stop"]
+    assert [(a["task_id"], a["how"]) for a in approvals(pdir)] == [
+        ("confirm", "orch run --approve"),
+        ("late", "orch approve"),
+    ]
+
+
+def test_an_added_gate_is_accepted_by_run_approve_and_suggested_for_a_typo(
+    pdir: PlanDir,
+) -> None:
+    plan = gated(pdir)
+    add_gate(plan, pdir)
+    for command in (("approve", plan, "lates"), ("run", plan, "--approve", "lates")):
+        r = run_orch(*command)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "'lates' is not an approval gate" in r.stderr
+        assert "did you mean 'late'" in r.stderr and "(gates: confirm, late)" in r.stderr
+    r = run_orch("run", plan, "--approve", "confirm", "--approve", "late")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(trail(pdir)) == ["after", "stop"]
