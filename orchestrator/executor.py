@@ -580,11 +580,11 @@ class Runner:
         first); None after recording the gate as waiting, saying for what."""
         params = self.resolve_params(task.cls, task.spec.params)  # a missing finding fails it
         plan_digest, seen = approvals.hashes(self.plan, task.id, self.store)
-        verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+        verdict = approvals.judge(self.store.latest_approval(task.id), plan_digest, seen)
         if verdict.approval is None and task.id in self.options.approve:
             how = "orch run --approve"
             self.store.approve(task.id, approvals.who(), None, plan_digest, seen, how, self.run_id)
-            verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+            verdict = approvals.judge(self.store.latest_approval(task.id), plan_digest, seen)
         if verdict.approval is not None:
             return dict(verdict.approval)
         shown = ", ".join(f"{k}={v}" for k, v in params.get("show", {}).items())

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.store import Store
+
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
 # A production service stopped first; a step after it that fails while `broken` exists.
@@ -415,3 +417,19 @@ def test_an_added_gate_is_accepted_by_run_approve_and_suggested_for_a_typo(
     r = run_orch("run", plan, "--approve", "confirm", "--approve", "late")
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted(trail(pdir)) == ["after", "stop"]
+
+
+def test_a_gate_reads_its_latest_approval_only(pdir: PlanDir) -> None:
+    """`approvals.judge` weighs only the latest approval: the store hands that one, or None."""
+    plan = gated(pdir)
+    assert run_orch("run", plan).returncode == 4
+    store = Store.open(pdir.store_path())
+    try:
+        assert store.latest_approval("confirm") is None
+        for n in (1, 2, 3):
+            store.approve("confirm", f"p{n}", None, f"plan{n}", f"seen{n}", "test")
+        latest = store.latest_approval("confirm")
+        assert latest is not None and (latest["by"], latest["plan_hash"]) == ("p3", "plan3")
+        assert store.latest_approval("measure") is None
+    finally:
+        store.close()
