@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import executor
+from orchestrator.plan import load_plan
 from orchestrator.store import Store
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
@@ -433,3 +435,30 @@ def test_a_gate_reads_its_latest_approval_only(pdir: PlanDir) -> None:
         assert store.latest_approval("measure") is None
     finally:
         store.close()
+
+
+def test_a_gate_resolves_its_params_once_a_visit(
+    pdir: PlanDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting or passing, a gate's params (its `show` findings) are resolved once: the
+    approval check's resolution is what its attempt runs with."""
+    plan = gated(pdir)
+    real = executor.Runner.resolve_params
+    resolved: list[dict[str, object]] = []
+
+    def counted(self: executor.Runner, cls: type, params: dict[str, object]) -> dict[str, object]:
+        out = real(self, cls, params)
+        if "message" in params:  # the gate's
+            resolved.append(out)
+        return out
+
+    monkeypatch.setattr(executor.Runner, "resolve_params", counted)
+    for approve, outcome in (((), "waiting"), (("confirm",), "completed")):
+        resolved.clear()
+        options = executor.RunOptions(approve=approve, console_level="critical")
+        result = executor.execute(load_plan(plan), pdir.store_path(), options)
+        assert result.outcome == outcome
+        assert resolved == [{"message": "stop the production vLLM?", "show": {"base_tok_s": 980}}]
+    assert trail(pdir) == ["stop"]
+    found = {f["key"]: f["value"] for f in board(plan)["confirm"]["findings"]}  # type: ignore[attr-defined]
+    assert found["base_tok_s"] == 980
