@@ -63,12 +63,11 @@ class Verdict:
     void: str | None  # why the latest approval no longer holds
 
 
-def judge(rows: Sequence[sqlite3.Row], plan_digest: str, findings_digest: str) -> Verdict:
-    """Whether the latest of a gate's approvals (latest first) holds for this plan and these
-    findings."""
-    if not rows:
+def judge(latest: sqlite3.Row | None, plan_digest: str, findings_digest: str) -> Verdict:
+    """Whether a gate's latest approval (`Store.latest_approval`) holds for this plan and these
+    findings; an earlier one never does (the latest replaces it)."""
+    if latest is None:
         return Verdict(None, None)
-    latest = rows[0]
     if latest["plan_hash"] != plan_digest:
         why = "the plan changed since"
     elif latest["findings_hash"] != findings_digest:

@@ -544,14 +544,15 @@ class Runner:
         """when -> preconditions -> approval -> lease -> attempts; the outcome is recorded."""
         # Before anything looks at the host: a dead run's leftover would fail port.free etc.
         self.end_leftovers(task)
-        approval = None
+        approval = resolved = None
         try:
             if not evaluate_when(task.spec.when, self.lookup):
                 return self.settle(task, Status.SKIPPED, f"when {task.spec.when!r} is false")
             problem = self.check_preconditions(task)
-            gate = problem is None and task.spec.kind == approvals.GATE_KIND
-            if gate and (approval := self.approval(task)) is None:
-                return
+            if problem is None and task.spec.kind == approvals.GATE_KIND:
+                if (passed := self.approval(task)) is None:
+                    return
+                approval, resolved = passed
         except TemplateError as exc:
             return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
         if problem is not None:
@@ -562,7 +563,7 @@ class Runner:
             return self.settle(task, Status.FAILED, str(exc), last_error=str(exc))
         try:
             for attempt in range(1, task.spec.retries.attempts + 1):
-                if self.attempt(task, attempt, granted, approval):
+                if self.attempt(task, attempt, granted, approval, resolved=resolved):
                     return
                 if attempt < task.spec.retries.attempts:
                     self.log.info(
@@ -575,18 +576,19 @@ class Runner:
         finally:
             self.unlease(task, granted)
 
-    def approval(self, task: PlannedTask) -> dict[str, Any] | None:
+    def approval(self, task: PlannedTask) -> tuple[dict[str, Any], dict[str, Any]] | None:
         """The approval that lets this gate pass now (one given with --approve is recorded
-        first); None after recording the gate as waiting, saying for what."""
+        first) and the gate's params, resolved (its attempts take them as they are); None
+        after recording the gate as waiting, saying for what."""
         params = self.resolve_params(task.cls, task.spec.params)  # a missing finding fails it
         plan_digest, seen = approvals.hashes(self.plan, task.id, self.store)
-        verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+        verdict = approvals.judge(self.store.latest_approval(task.id), plan_digest, seen)
         if verdict.approval is None and task.id in self.options.approve:
             how = "orch run --approve"
             self.store.approve(task.id, approvals.who(), None, plan_digest, seen, how, self.run_id)
-            verdict = approvals.judge(self.store.approvals(task.id), plan_digest, seen)
+            verdict = approvals.judge(self.store.latest_approval(task.id), plan_digest, seen)
         if verdict.approval is not None:
-            return dict(verdict.approval)
+            return dict(verdict.approval), params
         shown = ", ".join(f"{k}={v}" for k, v in params.get("show", {}).items())
         why = f"approve: {params.get('message', '')}" + (f" ({shown})" if shown else "")
         if verdict.void:
@@ -602,13 +604,18 @@ class Runner:
         granted: dict[str, list[str]] | None = None,
         approval: dict[str, Any] | None = None,
         restarts: int = 0,
+        resolved: dict[str, Any] | None = None,
     ) -> bool:
         """One try; True if it completed. A stall with `on_stall: restart` runs it again, up
-        to MAX_RESTARTS times (`restarts` so far), without using one of its retries."""
+        to MAX_RESTARTS times (`restarts` so far), without using one of its retries. `resolved`:
+        the params already resolved (a gate's, when it was judged: they come from upstream
+        findings and vars, which its attempts cannot change)."""
         findings: list[Finding] = []
         log_path = self.log_dir / f"{task.id}.log"
         try:
-            params = task.cls.Params.model_validate(self.resolve_params(task.cls, task.spec.params))
+            if resolved is None:
+                resolved = self.resolve_params(task.cls, task.spec.params)
+            params = task.cls.Params.model_validate(resolved)
         except Exception as exc:  # TemplateError, or a finding of the wrong type
             self.settle(task, Status.FAILED, f"params: {exc}", last_error=f"params: {exc}")
             return False
@@ -666,7 +673,7 @@ class Runner:
             if exc.restart and restarts < MAX_RESTARTS:
                 self.settle(task, Status.FAILED, str(exc), findings, retrying=True)
                 self.log.warning("task.restarting", task=task.id, restart=restarts + 1)
-                return self.attempt(task, attempt, granted, approval, restarts + 1)
+                return self.attempt(task, attempt, granted, approval, restarts + 1, resolved)
             error = str(exc) + (f" (restarted {restarts} times)" if exc.restart else "")
         except TaskError as exc:
             error = str(exc)

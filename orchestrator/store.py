@@ -891,11 +891,12 @@ class Store:
                 (task_id, by, time.time(), mask_value(note), plan_hash, findings_hash, how, run_id),
             )
 
-    def approvals(self, task_id: str) -> list[sqlite3.Row]:
-        """A gate's approvals, the latest first."""
-        return self.conn.execute(
-            "SELECT * FROM approvals WHERE task_id=? ORDER BY seq DESC", (task_id,)
-        ).fetchall()
+    def latest_approval(self, task_id: str) -> sqlite3.Row | None:
+        """A gate's latest approval (the only one that can hold: approvals.judge), or None."""
+        row: sqlite3.Row | None = self.conn.execute(
+            "SELECT * FROM approvals WHERE task_id=? ORDER BY seq DESC LIMIT 1", (task_id,)
+        ).fetchone()
+        return row
 
     def _transition(
         self,

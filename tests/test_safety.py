@@ -12,6 +12,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator import executor
+from orchestrator.plan import load_plan
+from orchestrator.store import Store
+
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
 # A production service stopped first; a step after it that fails while `broken` exists.
@@ -365,3 +369,96 @@ def test_a_mistyped_approve_is_a_usage_error_not_a_wait(pdir: PlanDir) -> None:
     assert r.returncode == 2, r.stdout + r.stderr
     assert "'confrim' is not an approval gate" in r.stderr and "did you mean 'confirm'" in r.stderr
     assert not pdir.store_path().exists()  # nothing ran
+
+
+def add_gate(plan: Path, pdir: PlanDir) -> None:
+    """A gate `late` added to the store after `measure`, and a step `after` behind it."""
+    for args in (
+        ("late", "--kind", "approve", "--param", "message=go on?", "--needs", "measure"),
+        ("after", "--kind", "shell", "--needs", "late"),
+    ):
+        extra = (
+            ("--param", f"command=echo after >> {pdir.root / 'trail'}")
+            if args[0] == "after"
+            else ()
+        )
+        r = run_orch("todo", "add", plan, *args, *extra)
+        assert r.returncode == 0, r.stderr
+
+
+def test_a_gate_added_to_the_store_is_approved_by_orch_approve(pdir: PlanDir) -> None:
+    """The run waits at a gate `orch todo add` (or an agent) added: `orch approve` must
+    accept it, as the run's plan has it, and the next run passes it."""
+    plan = gated(pdir)
+    add_gate(plan, pdir)
+    r = run_orch("run", plan, "--approve", "confirm")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert board(plan)["late"]["status"] == "waiting"
+    r = run_orch("approve", plan, "late", "-m", "ok")
+    assert r.returncode == 0, r.stderr
+    assert "late approved by" in r.stdout
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(trail(pdir)) == ["after", "stop"]
+    assert [(a["task_id"], a["how"]) for a in approvals(pdir)] == [
+        ("confirm", "orch run --approve"),
+        ("late", "orch approve"),
+    ]
+
+
+def test_an_added_gate_is_accepted_by_run_approve_and_suggested_for_a_typo(
+    pdir: PlanDir,
+) -> None:
+    plan = gated(pdir)
+    add_gate(plan, pdir)
+    for command in (("approve", plan, "lates"), ("run", plan, "--approve", "lates")):
+        r = run_orch(*command)
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert "'lates' is not an approval gate" in r.stderr
+        assert "did you mean 'late'" in r.stderr and "(gates: confirm, late)" in r.stderr
+    r = run_orch("run", plan, "--approve", "confirm", "--approve", "late")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted(trail(pdir)) == ["after", "stop"]
+
+
+def test_a_gate_reads_its_latest_approval_only(pdir: PlanDir) -> None:
+    """`approvals.judge` weighs only the latest approval: the store hands that one, or None."""
+    plan = gated(pdir)
+    assert run_orch("run", plan).returncode == 4
+    store = Store.open(pdir.store_path())
+    try:
+        assert store.latest_approval("confirm") is None
+        for n in (1, 2, 3):
+            store.approve("confirm", f"p{n}", None, f"plan{n}", f"seen{n}", "test")
+        latest = store.latest_approval("confirm")
+        assert latest is not None and (latest["by"], latest["plan_hash"]) == ("p3", "plan3")
+        assert store.latest_approval("measure") is None
+    finally:
+        store.close()
+
+
+def test_a_gate_resolves_its_params_once_a_visit(
+    pdir: PlanDir, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Waiting or passing, a gate's params (its `show` findings) are resolved once: the
+    approval check's resolution is what its attempt runs with."""
+    plan = gated(pdir)
+    real = executor.Runner.resolve_params
+    resolved: list[dict[str, object]] = []
+
+    def counted(self: executor.Runner, cls: type, params: dict[str, object]) -> dict[str, object]:
+        out = real(self, cls, params)
+        if "message" in params:  # the gate's
+            resolved.append(out)
+        return out
+
+    monkeypatch.setattr(executor.Runner, "resolve_params", counted)
+    for approve, outcome in (((), "waiting"), (("confirm",), "completed")):
+        resolved.clear()
+        options = executor.RunOptions(approve=approve, console_level="critical")
+        result = executor.execute(load_plan(plan), pdir.store_path(), options)
+        assert result.outcome == outcome
+        assert resolved == [{"message": "stop the production vLLM?", "show": {"base_tok_s": 980}}]
+    assert trail(pdir) == ["stop"]
+    found = {f["key"]: f["value"] for f in board(plan)["confirm"]["findings"]}  # type: ignore[attr-defined]
+    assert found["base_tok_s"] == 980
