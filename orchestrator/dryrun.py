@@ -13,6 +13,8 @@ from typing import Any
 
 from .approvals import GATE_KIND
 from .errors import TemplateError
+from .guards import does as guard_does
+from .guards import note as guard_note
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .selection import Action, Selection, decide
 from .status import Status
@@ -102,15 +104,13 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
     armed = {r["id"]: r["armed_run"] for r in store.armed()} if store else {}
     due = {r["id"] for r in store.due()} if store else set()
     for guard in plan.guards:  # not steps: what runs if the plan fails, or at a run's end
-        what = f"undoes {guard.protects} if the plan fails" if guard.protects else "at the end"
         if guard.id in due:
-            action, state = "undo", "due: runs first"
+            action, reason = "undo", f"{guard_does(guard.role, guard.protects)} (due: runs first)"
         else:
             action = "guard"
-            state = f"armed by run #{armed[guard.id]}" if guard.id in armed else "not armed"
-        steps.append(
-            {"id": guard.id, "action": action, "reason": f"{what} ({state})", "changed": []}
-        )
+            reason = guard_note(guard.role, guard.protects, armed.get(guard.id))
+            reason += "" if guard.id in armed else " (not armed)"
+        steps.append({"id": guard.id, "action": action, "reason": reason, "changed": []})
     return steps
 
 

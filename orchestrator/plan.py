@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from . import registry
 from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
+from .guards import does as guard_does
 from .redact import MASK
 from .stalls import Action as StallAction
 from .task import Duration, as_list
@@ -449,8 +450,8 @@ def _guard_specs(
             issues.append(
                 src.issue(
                     (*at, k),
-                    f"{label}`{k}` has no meaning in {role}: it runs on its own, "
-                    + ("after what it undoes" if protects else "at the end of the run"),
+                    f"{label}`{k}` has no meaning in {role}: it runs on its own "
+                    f"(it {guard_does(role, protects)})",
                 )
             )
         if not bad:

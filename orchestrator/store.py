@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from .errors import StoreError, UsageError, did_you_mean
 from .findings import Finding, FindingValue
+from .guards import undone_by
 from .redact import mask, mask_value
 from .status import ALLOWED, MANUAL, Status
 
@@ -838,9 +839,7 @@ class Store:
         if g.undo is not None:
             row = c.execute("SELECT status FROM todos WHERE id=?", (g.undo,)).fetchone()
             if row is not None and Status(row[0]).done:
-                self._transition(
-                    c, g.undo, Status.PENDING, f"undone by {by}", run_id, now, **_FRESH
-                )
+                self._transition(c, g.undo, Status.PENDING, undone_by(by), run_id, now, **_FRESH)
 
     def armed(self) -> list[sqlite3.Row]:
         """Compensations and `finally` tasks armed now, the latest armed first (the order in

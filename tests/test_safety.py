@@ -121,7 +121,7 @@ def test_the_compensation_is_armed_in_the_same_commit_as_the_completion(pdir: Pl
         ).fetchone()
         row = db.execute("SELECT armed_run, armed_at FROM todos WHERE id='restore_prod'").fetchone()
     assert armed["at"] == done == row["armed_at"] and row["armed_run"] == 1
-    assert armed["reason"] == "armed: undoes stop_prod if the plan fails"
+    assert armed["reason"] == "armed (run #1): undoes stop_prod if the plan fails after it"
     # A run that did its part (--only) is no failure: nothing is undone...
     assert trail(pdir) == ["stop", "cleanup"]
     assert board(plan)["stop_prod"]["status"] == "completed"
@@ -206,7 +206,10 @@ def test_guards_are_not_steps(pdir: PlanDir) -> None:
     plan = migration(pdir)
     r = run_orch("run", plan, "--only", "restore_prod")
     assert r.returncode == 2
-    assert "'restore_prod' is a compensation: it runs when the plan fails" in r.stderr
+    assert (
+        "'restore_prod' is a compensation (it undoes stop_prod if the plan fails after it), "
+        "not a step" in r.stderr
+    )
     assert "orch rollback" in r.stderr
 
 
