@@ -268,10 +268,7 @@ class Runner:
         """Run these armed tasks: compensations first, the latest armed first (the last step
         done is undone first), then `finally` tasks in the plan's order. Each runs whatever the
         others did; True if every one completed or was skipped."""
-        guards = [self.plan.by_id[r["id"]] for r in rows if r["id"] in self.plan.by_id]
-        ordered = [g for g in guards if g.role == "on_failure"] + sorted(
-            (g for g in guards if g.role == "finally"), key=lambda g: g.position
-        )
+        ordered = self.plan.undo_order(r["id"] for r in rows)
         for guard in ordered:
             self.log.warning(
                 "task.compensating" if guard.protects else "task.finally",
