@@ -849,17 +849,19 @@ class Store:
             " ORDER BY armed_at DESC, position DESC"
         ).fetchall()
 
-    def due(self) -> list[sqlite3.Row]:
+    def due(self, unended_crashed: bool = False) -> list[sqlite3.Row]:
         """Armed tasks that a run since their arming has not lived up to: it failed, was
         interrupted or crashed, so they run before anything else (a run stopped at an
-        approval gate failed nothing)."""
+        approval gate failed nothing). `unended_crashed`: count a run with no recorded end as
+        crashed, as the next run does once it holds the lock (`orch plan`, which writes
+        nothing, when no run holds it)."""
         return [
             r
             for r in self.armed()
             if self.conn.execute(
-                "SELECT 1 FROM runs WHERE id >= ? AND ended_at IS NOT NULL"
-                " AND outcome NOT IN ('completed', 'waiting') LIMIT 1",
-                (r["armed_run"],),
+                "SELECT 1 FROM runs WHERE id >= ? AND (ended_at IS NULL AND ?"
+                " OR ended_at IS NOT NULL AND outcome NOT IN ('completed', 'waiting')) LIMIT 1",
+                (r["armed_run"], unended_crashed),
             ).fetchone()
         ]
 
