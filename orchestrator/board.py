@@ -13,6 +13,7 @@ from typing import Any
 
 from .durations import format_duration
 from .findings import Finding
+from .guards import note as guard_text
 from .status import TODOWRITE, Status
 from .terminal import clean, plural, terminal_width
 
@@ -127,7 +128,8 @@ def render_board(
         title = f"+ {r['title']}" if added(r) else r["title"]
         if role(r):  # a compensation or a `finally` task: not part of the plan's flow
             title = f"↺ {r['title']}"
-            extra = guard_note(r) if status is Status.PENDING else extra
+            if status is Status.PENDING:  # what it waits to do: its status says nothing
+                extra = guard_text(r["role"], r["protects"], r["armed_run"])
         head = (
             f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
             f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
@@ -155,16 +157,6 @@ def role(row: sqlite3.Row) -> str | None:
     """A compensation's or `finally` task's role; None for a step of the plan. (An older store
     has the column too: opening it upgrades it, and a read-only one is refused.)"""
     return row["role"]  # type: ignore[no-any-return]
-
-
-def guard_note(row: sqlite3.Row) -> str:
-    """What a compensation or `finally` task is waiting to do, when its status says nothing."""
-    if row["role"] == "finally":
-        when = "runs at the end of the run"
-    else:
-        when = f"undoes {row['protects']} if the plan fails after it"
-    armed = row["armed_run"] is not None
-    return f"armed (run #{row['armed_run']}): {when}" if armed else when
 
 
 def added(row: sqlite3.Row) -> bool:

@@ -13,6 +13,9 @@ from typing import Any
 
 from .approvals import GATE_KIND
 from .errors import TemplateError
+from .guards import note as guard_note
+from .guards import undone_by
+from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .selection import Action, Selection, decide
 from .status import Status
@@ -31,9 +34,11 @@ def dry_run(
     from_task: str | None = None,
     only: Sequence[str] = (),
 ) -> list[dict[str, Any]]:
-    """One step per task, in run order, assuming every task that would run completes; then
-    the store's todos with no kind, which nothing runs. Each step names its origin (`plan`,
-    or who added it)."""
+    """One step per task, in run order, assuming every task that would run completes: first
+    the compensations and `finally` tasks an earlier run left due (the steps they undo are
+    pending again), then the plan's steps, then the other guards (a `finally` task runs at the
+    end of a run that starts a step: one that was due is listed twice); then the store's todos
+    with no kind, which nothing runs. Each step names its origin (`plan`, or who added it)."""
     from .executor import from_folder
     from .todos import added_tasks
 
@@ -61,11 +66,38 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
     selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
-    steps = []
+    steps: list[dict[str, Any]] = []
     will_run: set[str] = set()  # their findings are the run's to know
     lookup = _lookup(plan, store, will_run)
+    armed = {r["id"]: r["armed_run"] for r in store.armed()} if store else {}
+    # What an earlier run left due runs before any step, in the engine's order (mend_first);
+    # each that completes makes the step it protects pending again (GuardChange.undo).
+    # A run with no recorded end, when no run holds the lock, is one the run will close as
+    # crashed first (close_dead_runs): what it armed is due too.
+    unended = store is not None and not store.readonly and RunLock(store.path).try_probe()
+    due = plan.undo_order(r["id"] for r in store.due(unended)) if store else []
+    due_ids = {g.id for g in due}
+    undone: dict[str, str] = {}  # step -> the compensation that made it pending
+    stuck: str | None = None  # a due guard that would not complete: then no step runs
+    for guard in due:
+        action, reason = _would_run(guard, "", lookup)
+        if action == "run":
+            action, reason = "undo", "due: runs first" + (f"; {reason}" if reason else "")
+            if guard.protects and statuses.get(guard.protects, Status.PENDING).done:
+                undone[guard.protects] = guard.id
+                statuses[guard.protects] = Status.PENDING
+        else:
+            reason = f"due; {reason}"
+            stuck = stuck or (guard.id if action == "block" else None)
+        note = guard_note(guard.role, guard.protects, armed[guard.id])
+        steps.append(_step(guard.id, action, f"{note} ({reason})"))
     for task in plan.tasks:
-        d = decide(task, rows.get(task.id), selection, statuses)
+        if stuck:
+            reason = f"{stuck} would not complete, so the plan's steps do not run"
+            steps.append(_step(task.id, "leave", reason))
+            continue
+        # A step undone is pending, as the run reads it after the undo: like no row at all.
+        d = decide(task, None if task.id in undone else rows.get(task.id), selection, statuses)
         action, reason = str(d.action), d.reason
         if d.action is Action.KEEP:
             action = "stale" if d.stale else "skip"
@@ -74,44 +106,56 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
         elif d.action is Action.BLOCK:
             statuses[task.id] = Status.BLOCKED
         elif d.action is Action.RUN:
-            reason = revived.get(task.id, reason)
-            when = _known(evaluate_when, task.spec.when, lookup)
-            if when is False:
-                action, reason = "skip", f"when {task.spec.when!r} is false now"
-                statuses[task.id] = Status.SKIPPED
-            elif (blocked := _failing_check(task, lookup)) is not None:
-                action, reason = "block", blocked
-                statuses[task.id] = Status.BLOCKED
-            else:
-                if task.spec.kind == GATE_KIND:  # it may pass, if an approval holds by then
-                    reason = (
-                        f"{reason + '; ' if reason else ''}an approval gate: waits unless approved"
-                    )
-                if when is None:
-                    reason = f"{reason + '; ' if reason else ''}if {task.spec.when}"
-                if unchecked := [c.kind for c in task.checks if not _checkable(c, lookup)]:
-                    reason = (
-                        f"{reason + '; ' if reason else ''}after preconditions checked "
-                        f"only by the run: {', '.join(unchecked)}"
-                    )
-                statuses[task.id] = Status.COMPLETED
+            reason = undone_by(undone[task.id]) if task.id in undone else reason
+            action, reason = _would_run(task, revived.get(task.id, reason), lookup)
+            statuses[task.id] = _ASSUMED[action]
+            if action == "run":
                 will_run.add(task.id)
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"
-        steps.append({"id": task.id, "action": action, "reason": reason, "changed": list(d.stale)})
-    armed = {r["id"]: r["armed_run"] for r in store.armed()} if store else {}
-    due = {r["id"] for r in store.due()} if store else set()
+        steps.append(_step(task.id, action, reason, d.stale))
     for guard in plan.guards:  # not steps: what runs if the plan fails, or at a run's end
-        what = f"undoes {guard.protects} if the plan fails" if guard.protects else "at the end"
-        if guard.id in due:
-            action, state = "undo", "due: runs first"
+        armed_run = None if guard.id in due_ids else armed.get(guard.id)  # a due one ran first
+        # A step that starts arms the `finally` tasks, run at the end of the run (wind_up).
+        if guard.role == "finally" and not stuck and (will_run or armed_run is not None):
+            action, reason = _would_run(guard, guard_note(guard.role, None, armed_run), lookup)
+        elif guard.id in due_ids:
+            continue
         else:
             action = "guard"
-            state = f"armed by run #{armed[guard.id]}" if guard.id in armed else "not armed"
-        steps.append(
-            {"id": guard.id, "action": action, "reason": f"{what} ({state})", "changed": []}
-        )
+            reason = guard_note(guard.role, guard.protects, armed_run)
+            if armed_run is None:
+                reason += (
+                    " (not armed: no step starts)" if guard.role == "finally" else " (not armed)"
+                )
+        steps.append(_step(guard.id, action, reason))
     return steps
+
+
+def _step(task_id: str, action: str, reason: str, changed: Sequence[str] = ()) -> dict[str, Any]:
+    return {"id": task_id, "action": action, "reason": reason, "changed": list(changed)}
+
+
+# What the rest of the dry run assumes of a task the run would start, skip or block.
+_ASSUMED = {"run": Status.COMPLETED, "skip": Status.SKIPPED, "block": Status.BLOCKED}
+
+
+def _would_run(task: PlannedTask, reason: str, lookup: Callable[[Ref], Any]) -> tuple[str, str]:
+    """What the run does with a task it takes up, as far as can be told now: `skip` (its
+    `when` is false now), `block` (a read-only precondition fails now) or `run`; and why."""
+    when = _known(evaluate_when, task.spec.when, lookup)
+    if when is False:
+        return "skip", f"when {task.spec.when!r} is false now"
+    if (blocked := _failing_check(task, lookup)) is not None:
+        return "block", blocked
+    why = [reason] if reason else []
+    if task.spec.kind == GATE_KIND:  # it may pass, if an approval holds by then
+        why.append("an approval gate: waits unless approved")
+    if when is None:
+        why.append(f"if {task.spec.when}")
+    if unchecked := [c.kind for c in task.checks if not _checkable(c, lookup)]:
+        why.append(f"after preconditions checked only by the run: {', '.join(unchecked)}")
+    return "run", "; ".join(why)
 
 
 def _lookup(plan: Plan, store: Store | None, will_run: set[str]) -> Callable[[Ref], Any]:

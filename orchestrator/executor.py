@@ -36,6 +36,8 @@ from .containment import jail
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING, TaskError, TaskTimeout, TemplateError
 from .findings import Finding, checked
 from .finished import DIGEST_KEY
+from .guards import due_because
+from .guards import note as guard_note
 from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
@@ -248,9 +250,7 @@ class Runner:
             tasks=", ".join(r["id"] for r in due),
             why="orch rollback"
             if self.options.rollback
-            else "armed by run #"
-            + ", #".join(sorted({str(r["armed_run"]) for r in due}))
-            + ", which did not complete",
+            else due_because(r["armed_run"] for r in due),
         )
         for task in self.plan.tasks:  # what the failed run left running goes first
             self.end_leftovers(task)
@@ -268,10 +268,7 @@ class Runner:
         """Run these armed tasks: compensations first, the latest armed first (the last step
         done is undone first), then `finally` tasks in the plan's order. Each runs whatever the
         others did; True if every one completed or was skipped."""
-        guards = [self.plan.by_id[r["id"]] for r in rows if r["id"] in self.plan.by_id]
-        ordered = [g for g in guards if g.role == "on_failure"] + sorted(
-            (g for g in guards if g.role == "finally"), key=lambda g: g.position
-        )
+        ordered = self.plan.undo_order(r["id"] for r in rows)
         for guard in ordered:
             self.log.warning(
                 "task.compensating" if guard.protects else "task.finally",
@@ -314,13 +311,13 @@ class Runner:
                 return GuardChange(disarm=task.id, undo=task.protects)
             return GuardChange(disarm=task.id) if to is Status.SKIPPED else None
         if to is Status.COMPLETED and (guards := self.plan.guarded.get(task.id)):
-            return GuardChange(arm=guards, arm_reason=f"armed: undoes {task.id} if the plan fails")
+            why = guard_note("on_failure", task.id, self.run_id)
+            return GuardChange(arm=guards, arm_reason=why)
         if to is Status.IN_PROGRESS and not self.finally_armed:
             self.finally_armed = True
             if guards := self.plan.guarded.get(None):
-                return GuardChange(
-                    arm=guards, arm_reason=f"armed: runs at the end of run #{self.run_id}"
-                )
+                why = guard_note("finally", None, self.run_id)
+                return GuardChange(arm=guards, arm_reason=why)
         return None
 
     def run_parallel(

@@ -12,7 +12,7 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -21,6 +21,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 
 from . import registry
 from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
+from .guards import does as guard_does
 from .redact import MASK
 from .stalls import Action as StallAction
 from .task import Duration, as_list
@@ -197,6 +198,16 @@ class Plan:
         for t in self.tasks:
             for need in t.spec.needs:
                 self.dependents[need].append(t.id)
+
+    def undo_order(self, armed: Iterable[str]) -> list[PlannedTask]:
+        """These armed guards in the order the engine runs them: compensations first, in the
+        order given (the store's: the latest armed first, so the last step done is the first
+        undone), then `finally` tasks in the plan's order. Ids the plan no longer has are left
+        out."""
+        found = [self.by_id[i] for i in armed if i in self.by_id]
+        return [g for g in found if g.role == "on_failure"] + sorted(
+            (g for g in found if g.role == "finally"), key=lambda g: g.position
+        )
 
     def upstream(self, task_id: str) -> list[str]:
         """Every task `task_id` needs, directly or not, sorted."""
@@ -449,8 +460,8 @@ def _guard_specs(
             issues.append(
                 src.issue(
                     (*at, k),
-                    f"{label}`{k}` has no meaning in {role}: it runs on its own, "
-                    + ("after what it undoes" if protects else "at the end of the run"),
+                    f"{label}`{k}` has no meaning in {role}: it runs on its own "
+                    f"(it {guard_does(role, protects)})",
                 )
             )
         if not bad:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from .errors import UsageError, did_you_mean
+from .guards import does as guard_does
 from .plan import Plan, PlannedTask, what_changed
 from .status import Status
 
@@ -66,14 +67,10 @@ class Selection:
                     f"no task {task_id!r} in {plan.file}{did_you_mean(task_id, plan.by_id)} "
                     f"(tasks: {', '.join(plan.by_id)})"
                 )
-            if (role := plan.by_id[task_id].role) is not None:
-                what = (
-                    "a compensation: it runs when the plan fails"
-                    if role == "on_failure"
-                    else "a `finally` task: it runs at the end of a run"
-                )
+            if (role := (task := plan.by_id[task_id]).role) is not None:
+                what = "a compensation" if role == "on_failure" else "a `finally` task"
                 raise UsageError(
-                    f"{task_id!r} is {what}, not as a step; "
+                    f"{task_id!r} is {what} (it {guard_does(role, task.protects)}), not a step; "
                     f"`orch rollback {plan.file}` runs what is armed now"
                 )
         holders = {r["name"]: r["task_id"] for r in resources}

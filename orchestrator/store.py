@@ -39,6 +39,7 @@ from urllib.parse import quote
 
 from .errors import StoreError, UsageError, did_you_mean
 from .findings import Finding, FindingValue
+from .guards import undone_by
 from .redact import mask, mask_value
 from .status import ALLOWED, MANUAL, Status
 
@@ -838,9 +839,7 @@ class Store:
         if g.undo is not None:
             row = c.execute("SELECT status FROM todos WHERE id=?", (g.undo,)).fetchone()
             if row is not None and Status(row[0]).done:
-                self._transition(
-                    c, g.undo, Status.PENDING, f"undone by {by}", run_id, now, **_FRESH
-                )
+                self._transition(c, g.undo, Status.PENDING, undone_by(by), run_id, now, **_FRESH)
 
     def armed(self) -> list[sqlite3.Row]:
         """Compensations and `finally` tasks armed now, the latest armed first (the order in
@@ -850,17 +849,19 @@ class Store:
             " ORDER BY armed_at DESC, position DESC"
         ).fetchall()
 
-    def due(self) -> list[sqlite3.Row]:
+    def due(self, unended_crashed: bool = False) -> list[sqlite3.Row]:
         """Armed tasks that a run since their arming has not lived up to: it failed, was
         interrupted or crashed, so they run before anything else (a run stopped at an
-        approval gate failed nothing)."""
+        approval gate failed nothing). `unended_crashed`: count a run with no recorded end as
+        crashed, as the next run does once it holds the lock (`orch plan`, which writes
+        nothing, when no run holds it)."""
         return [
             r
             for r in self.armed()
             if self.conn.execute(
-                "SELECT 1 FROM runs WHERE id >= ? AND ended_at IS NOT NULL"
-                " AND outcome NOT IN ('completed', 'waiting') LIMIT 1",
-                (r["armed_run"],),
+                "SELECT 1 FROM runs WHERE id >= ? AND (ended_at IS NULL AND ?"
+                " OR ended_at IS NOT NULL AND outcome NOT IN ('completed', 'waiting')) LIMIT 1",
+                (r["armed_run"], unended_crashed),
             ).fetchone()
         ]
 

@@ -8,6 +8,7 @@ import getpass
 import json
 import os
 import signal
+import socket
 from pathlib import Path
 
 import pytest
@@ -125,7 +126,7 @@ def test_the_compensation_is_armed_in_the_same_commit_as_the_completion(pdir: Pl
         ).fetchone()
         row = db.execute("SELECT armed_run, armed_at FROM todos WHERE id='restore_prod'").fetchone()
     assert armed["at"] == done == row["armed_at"] and row["armed_run"] == 1
-    assert armed["reason"] == "armed: undoes stop_prod if the plan fails"
+    assert armed["reason"] == "armed (run #1): undoes stop_prod if the plan fails after it"
     # A run that did its part (--only) is no failure: nothing is undone...
     assert trail(pdir) == ["stop", "cleanup"]
     assert board(plan)["stop_prod"]["status"] == "completed"
@@ -155,6 +156,123 @@ def test_a_run_killed_after_the_first_step_is_compensated_first_by_the_next(
     assert trail(pdir)[3:] == ["restore vllm.service", "cleanup", "stop", "bench", "cleanup"]
     assert started_in(pdir, 2)[:2] == ["restore_prod", "cleanup"]
     assert "run.compensating" in r.stderr and "armed by run #1, which did not complete" in r.stderr
+
+
+def dry(plan: Path) -> list[tuple[str, str, str]]:
+    """`orch plan --json`: (task, action, reason), in the order the run would take them."""
+    r = run_orch("plan", plan, "--json")
+    assert r.returncode == 0, r.stderr
+    return [(s["id"], s["action"], s["reason"]) for s in json.loads(r.stdout)["steps"]]
+
+
+@pytest.mark.parametrize("how", ["failed", "stopped", "killed"])
+def test_orch_plan_runs_the_due_compensation_first_and_the_step_it_undoes_again(
+    pdir: PlanDir, how: str
+) -> None:
+    """Run #1 left restore_prod armed and due: bench failed and restore_prod failed too at
+    the run's end (`failed`), or the run was stopped (SIGTERM) or killed (SIGKILL: the run is
+    still open in the store) in bench, undoing nothing (cleanup is due then too). The store
+    says stop_prod completed, but the next run undoes it first and so stops it again: `orch
+    plan` must say so, in the run's order, and the run must do what it said."""
+    root = pdir.root
+    wait = "true" if how == "failed" else f"[ -e {root}/fast ] || sleep 300"
+    plan = migration(pdir, wait=wait)
+    if how == "failed":
+        plan.write_text(
+            plan.read_text().replace("echo restore", f"[ ! -e {root}/stuck ] && echo restore")
+        )
+        (root / "stuck").touch()
+        assert run_orch("run", plan).returncode == 1
+        assert pdir.statuses()["restore_prod"] == "failed"  # still armed: due
+        (root / "stuck").unlink()
+        due_first = ["restore_prod"]
+    else:
+        runner = start_orch("run", plan)
+        wait_for(lambda: "bench" in trail(pdir), what="bench running")
+        os.killpg(runner.pid, signal.SIGTERM if how == "stopped" else signal.SIGKILL)
+        runner.communicate(timeout=30)
+        (root / "fast").touch()
+        due_first = ["restore_prod", "cleanup"]  # the engine's order: compensations first
+    (root / "broken").unlink()
+    assert trail(pdir)[:3] == ["stop", "install", "bench"]
+    assert "restore vllm.service" not in trail(pdir)
+    assert pdir.statuses()["stop_prod"] == "completed"  # what the store says now
+
+    steps = dry(plan)  # before anything else reads the store (`status` closes a dead run)
+    assert [(i, a) for i, a, _ in steps] == [
+        *[(i, "undo") for i in due_first],
+        ("stop_prod", "run"),
+        ("install", "skip"),  # no compensation: kept
+        ("bench", "run"),
+        ("cleanup", "run"),  # a step starts: the run's end runs it
+    ]
+    why = {(i, a): reason for i, a, reason in steps}
+    assert why["restore_prod", "undo"] == (
+        "armed (run #1): undoes stop_prod if the plan fails after it (due: runs first)"
+    )
+    assert why["stop_prod", "run"] == "undone by restore_prod"
+    assert why["cleanup", "run"] == "runs at the end of the run"
+    text = run_orch("plan", plan).stdout
+    assert "  undo     restore_prod  armed (run #1): undoes stop_prod" in text, text
+    assert "  run      stop_prod     undone by restore_prod\n" in text, text
+
+    before = len(trail(pdir))
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    # The run did what `orch plan` said, in that order, and nothing else.
+    assert started_in(pdir, 2) == [i for i, a, _ in steps if a in ("undo", "run")]
+    assert trail(pdir)[before:] == [
+        "restore vllm.service",
+        *(["cleanup"] if how != "failed" else []),
+        "stop",
+        "bench",
+        "cleanup",
+    ]
+    assert pdir.statuses()["stop_prod"] == "completed"
+
+
+def test_orch_plan_says_no_step_runs_while_a_due_compensation_is_blocked(pdir: PlanDir) -> None:
+    """A due compensation whose precondition fails now blocks, and then the run stops before
+    the plan's steps: `orch plan` says that, and the run starts nothing."""
+    with socket.socket() as held:  # the port restore_prod needs free stays taken throughout
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        plan = pdir.write(f"""
+            name: t
+            finally: [{{id: cleanup, kind: shell, params: {{command: "echo cleanup"}}}}]
+            tasks:
+              - id: stop_prod
+                kind: shell
+                params: {{command: "echo stop >> {pdir.root}/trail"}}
+                on_failure:
+                  id: restore_prod
+                  kind: shell
+                  preconditions: [{{kind: port.free, port: {held.getsockname()[1]}}}]
+                  params: {{command: "echo restore >> {pdir.root}/trail"}}
+              - id: bench
+                kind: shell
+                needs: stop_prod
+                params: {{command: "[ ! -e {pdir.root}/broken ]"}}
+        """)
+        (pdir.root / "broken").touch()
+        assert run_orch("run", plan).returncode == 1
+        assert pdir.statuses()["restore_prod"] == "blocked"  # still armed: due
+        (pdir.root / "broken").unlink()
+        steps = dry(plan)
+        assert [(i, a) for i, a, _ in steps] == [
+            ("restore_prod", "block"),
+            ("stop_prod", "leave"),
+            ("bench", "leave"),
+            ("cleanup", "guard"),
+        ]
+        why = {i: reason for i, _, reason in steps}
+        assert "(due; precondition port.free fails now: port" in why["restore_prod"]
+        assert why["bench"] == "restore_prod would not complete, so the plan's steps do not run"
+        assert why["cleanup"] == "runs at the end of the run (not armed: no step starts)"
+        r = run_orch("run", plan)
+        assert r.returncode == 1 and "the plan's steps did not run" in r.stderr
+        assert started_in(pdir, 2) == []  # as it said: nothing
+        assert trail(pdir) == ["stop"]
 
 
 def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
@@ -210,7 +328,10 @@ def test_guards_are_not_steps(pdir: PlanDir) -> None:
     plan = migration(pdir)
     r = run_orch("run", plan, "--only", "restore_prod")
     assert r.returncode == 2
-    assert "'restore_prod' is a compensation: it runs when the plan fails" in r.stderr
+    assert (
+        "'restore_prod' is a compensation (it undoes stop_prod if the plan fails after it), "
+        "not a step" in r.stderr
+    )
     assert "orch rollback" in r.stderr
 
 
