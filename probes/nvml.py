@@ -16,7 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from probes.procs import ProcessInfo, process_info
@@ -70,10 +70,14 @@ class GpuSnapshot:
 
 
 class Nvml:
-    """An initialized NVML: `with nvml:` shuts it down. Cheap to poll (handles are kept)."""
+    """An initialized NVML: `with nvml:` shuts it down. Cheap to poll (handles are kept).
 
-    def __init__(self, module: ModuleType) -> None:
-        self._n: Any = module
+    `library` is pynvml after nvmlInit (open_nvml), or a stand-in with its API: the recorded
+    NVML of the tests (tasks/gpus.py, RecordedNvml) runs this class's code over recorded answers.
+    """
+
+    def __init__(self, library: Any) -> None:
+        self._n: Any = library
         self._open = True
         self._static: dict[int, tuple[Any, str, str, bool]] = {}  # index -> handle, uuid, name, mig
 
@@ -186,7 +190,12 @@ class Nvml:
                 used[pid] = mem if pid not in used else _combine(used[pid], mem, _add)
         if mig and not handles:
             error = "MIG is on but no MIG instance is visible"
-        return tuple(_process(pid, mem) for pid, mem in sorted(used.items())), error
+        return tuple(self._look_up(pid, mem) for pid, mem in sorted(used.items())), error
+
+    def _look_up(self, pid: int, used: int | None) -> GpuProcess:
+        """NVML's `pid` as this host sees it (/proc, psutil): a few syscalls per process, and
+        the file descriptors of each; RecordedNvml's pids are not this host's."""
+        return _process(pid, used)
 
     def _mig_instances(self, handle: Any) -> list[Any]:
         n = self._n

@@ -28,7 +28,7 @@ import pytest
 
 from probes.nvml import Gpu, GpuProcess, NvmlUnavailable, open_nvml, snapshot
 from probes.procs import ProcessInfo
-from tasks.gpus import busy
+from tasks.gpus import RecordedNvml, busy
 from tasks.gpus import select as select_gpus
 
 from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
@@ -190,6 +190,42 @@ def test_select_by_index_uuid_prefix_or_all() -> None:
         select_gpus(gpus, ["GPU-"])
     with pytest.raises(LookupError, match="found no GPUs"):
         select_gpus([], "all")
+
+
+def _record(path: Path, rows: list[dict[str, object]]) -> str:
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_recorded_nvml_runs_nvmls_own_code(tmp_path: Path) -> None:
+    """RecordedNvml is Nvml over a recorded library: Nvml's switches and errors apply (no
+    processes when not asked, an unknown index is NvmlUnavailable, utilisation answers), the
+    file is read again at every snapshot, and closing it shuts the library down."""
+    state = tmp_path / "gpus.json"
+    rows: list[dict[str, object]] = [
+        {"index": 0, "used_mib": 512, "pids": [4121], "util_pct": 12},
+        {"index": 1, "name": "NVIDIA H200"},
+    ]
+    with RecordedNvml(_record(state, rows)) as nvml:
+        snap = nvml.snapshot()
+        assert not isinstance(snap, NvmlUnavailable) and snap.driver == "recorded"
+        gpu0, gpu1 = snap.gpus
+        assert (gpu0.uuid, gpu0.used_bytes, gpu0.total_bytes) == (
+            "GPU-recorded-0",
+            512 * MIB,
+            143771 * MIB,
+        )
+        assert gpu0.processes == (GpuProcess(4121, None, None),) and gpu1.processes == ()
+        assert gpu1.name == "NVIDIA H200" and gpu0.name == "recorded"
+        assert nvml.utilisation(0) == 12 and nvml.utilisation(1) is None
+        listing = nvml.snapshot(processes=False)
+        assert not isinstance(listing, NvmlUnavailable)
+        assert [g.processes for g in listing.gpus] == [(), ()]
+        assert nvml.snapshot([1, 7]) == NvmlUnavailable("GPU 7: Invalid Argument")
+        _record(state, [{"index": 0, "used_mib": 70_000}, {"index": 1}])
+        again = nvml.snapshot([0])
+        assert not isinstance(again, NvmlUnavailable) and again.gpus[0].used_bytes == 70_000 * MIB
+    assert nvml.library.calls["nvmlShutdown"] == 1
 
 
 # --- on a GPU: a real torch process ------------------------------------------------------------
