@@ -394,7 +394,7 @@ RECORDED_STATE = "ORCH_GPU_STATE"
 
 class RecordedNvml(Nvml):
     """Nvml itself over a RecordedLibrary: every snapshot reads the file again, then runs
-    Nvml's own code (indices, the `processes` switch, utilisation, errors).
+    Nvml's own code (indices, the `processes` and `details` switches, utilisation, errors).
     The recorded pids are not this host's: they are not looked up in /proc (info and
     holds_device stay None), and `looked_up` counts the processes that would have been."""
 
@@ -404,10 +404,10 @@ class RecordedNvml(Nvml):
         self.looked_up = 0
 
     def snapshot(
-        self, indices: Iterable[int] | None = None, processes: bool = True
+        self, indices: Iterable[int] | None = None, processes: bool = True, details: bool = True
     ) -> GpuSnapshot | NvmlUnavailable:
         self.library.load()  # a test changes the file while a run waits
-        return super().snapshot(indices, processes)
+        return super().snapshot(indices, processes, details)
 
     def _look_up(self, pid: int, used: int | None) -> GpuProcess:
         self.looked_up += 1
@@ -517,15 +517,16 @@ class GpuProgress:
     /dev/nvidia* file open, every GPU's memory in use; a task with no GPU process reads nothing,
     so another workload's GPUs never mask its stall. Without a driver it reads nothing."""
 
-    def __init__(self) -> None:
-        self.nvml: Nvml | NvmlUnavailable | None = None  # opened on the first read
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml: Nvml | NvmlUnavailable | None = nvml  # None: opened on the first read
 
     def read(self, pids: Sequence[int]) -> dict[str, float]:
         if self.nvml is None:
             self.nvml = open_nvml()
         if isinstance(self.nvml, NvmlUnavailable):
             return {}
-        snap = self.nvml.snapshot()
+        # Every sample: pids and memory as NVML lists them, no /proc look-up of each process.
+        snap = self.nvml.snapshot(details=False)
         if isinstance(snap, NvmlUnavailable):
             return {}
         mine = set(pids)
