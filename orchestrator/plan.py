@@ -6,6 +6,7 @@ Nothing here touches the host: a plan is validated completely before anything ru
 from __future__ import annotations
 
 import ast
+import functools
 import graphlib
 import hashlib
 import heapq
@@ -210,15 +211,15 @@ class Plan:
         )
 
     def upstream(self, task_id: str) -> list[str]:
-        """Every task `task_id` needs, directly or not, sorted."""
-        seen: set[str] = set()
-        stack = list(self.by_id[task_id].spec.needs)
-        while stack:
-            need = stack.pop()
-            if need not in seen:
-                seen.add(need)
-                stack.extend(self.by_id[need].spec.needs)
-        return sorted(seen)
+        """Every task `task_id` needs, directly or not, sorted (KeyError: no such task)."""
+        found = self._needs.of(self.by_id[task_id].id)
+        assert found is not None  # a loaded plan has no cycle and no unknown need
+        return sorted(found)
+
+    @functools.cached_property
+    def _needs(self) -> Upstream:
+        """The tasks' needs as Upstream walks them (guards need nothing), made on first use."""
+        return Upstream({t.id: list(t.spec.needs) for t in self.by_id.values()}, set())
 
     def downstream(self, task_id: str) -> list[str]:
         """`task_id` and every task that depends on it, directly or not, in plan order."""

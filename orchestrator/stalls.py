@@ -154,7 +154,8 @@ class StallWatcher:
             return None
         self.next_look = now + self.every
         pids = list(self.members())
-        sample = _Sample(now, self._log_size(), _cpu(pids), self._read(pids))
+        stats = _stats(pids)
+        sample = _Sample(now, self._log_size(), _cpu(stats), self._read(pids))
         if self._moved(sample):
             self.mark, self.reported = sample, False
             return None
@@ -162,7 +163,7 @@ class StallWatcher:
             return None
         self.reported = True
         self.stalls += 1
-        return self._report(pids, sample)
+        return self._report(pids, sample, stats)
 
     def rebase(self) -> None:
         """Take what was just written to the log (the stall's own note) as seen."""
@@ -204,14 +205,19 @@ class StallWatcher:
 
     # --- evidence ------------------------------------------------------------------------------
 
-    def _report(self, pids: Sequence[int], now: _Sample) -> StallReport:
+    def _report(
+        self, pids: Sequence[int], now: _Sample, stats: dict[int, list[str]]
+    ) -> StallReport:
         idle = now.at - self.mark.at
         quiet = ["no output", "no CPU"]
         if now.readings:
             quiet.append("no GPU change" if _gpu(now.readings) else "no probe change")
         head = f"{', '.join(quiet)} for {idle:.0f}s"
         before = self.mark.cpu
-        procs = [_describe(pid, now.cpu.get(pid, 0.0) - before.get(pid, 0.0)) for pid in pids]
+        procs = [
+            _describe(pid, stats.get(pid, []), now.cpu.get(pid, 0.0) - before.get(pid, 0.0))
+            for pid in pids
+        ]
         dumps = [(p, _dump(p.pid)) for p in [p for p in procs if p.python][:MAX_DUMPS]]
         where = _where(procs, dumps)
         summary = f"{head}; {where}"
@@ -258,15 +264,19 @@ def _gpu(readings: dict[str, float]) -> bool:
     return any(k.startswith("gpu") for k in readings)
 
 
-def _cpu(pids: Sequence[int]) -> dict[int, float]:
-    """Seconds of CPU per live pid, from /proc (no psutil: this runs every sample)."""
-    found: dict[int, float] = {}
-    for pid in pids:
-        stat = stat_fields(pid)
-        if stat is None or len(stat) < 17:
-            continue
-        found[pid] = sum(int(x) for x in stat[13:17]) / _TICK  # utime stime cutime cstime
-    return found
+def _stats(pids: Sequence[int]) -> dict[int, list[str]]:
+    """/proc/PID/stat of each live pid, read once a sample (no psutil: this runs every sample);
+    the CPU figures and, on a stall, the evidence both come from it."""
+    return {pid: stat for pid in pids if (stat := stat_fields(pid)) is not None}
+
+
+def _cpu(stats: dict[int, list[str]]) -> dict[int, float]:
+    """Seconds of CPU per pid, from its /proc stat fields."""
+    return {
+        pid: sum(int(x) for x in stat[13:17]) / _TICK  # utime stime cutime cstime
+        for pid, stat in stats.items()
+        if len(stat) >= 17
+    }
 
 
 @dataclass(frozen=True)
@@ -289,8 +299,9 @@ class _Proc:
         )
 
 
-def _describe(pid: int, cpu_idle: float) -> _Proc:
-    stat = stat_fields(pid) or []
+def _describe(pid: int, stat: list[str], cpu_idle: float) -> _Proc:
+    """One process for the evidence; `stat` its /proc stat fields as the sample read them
+    ([]: gone by then)."""
     field_ = stat.__getitem__ if len(stat) > 23 else (lambda _: "?")
     try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()

@@ -16,7 +16,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from types import ModuleType, TracebackType
+from types import TracebackType
 from typing import Any
 
 from probes.procs import ProcessInfo, process_info
@@ -70,10 +70,14 @@ class GpuSnapshot:
 
 
 class Nvml:
-    """An initialized NVML: `with nvml:` shuts it down. Cheap to poll (handles are kept)."""
+    """An initialized NVML: `with nvml:` shuts it down. Cheap to poll (handles are kept).
 
-    def __init__(self, module: ModuleType) -> None:
-        self._n: Any = module
+    `library` is pynvml after nvmlInit (open_nvml), or a stand-in with its API: the recorded
+    NVML of the tests (tasks/gpus.py, RecordedNvml) runs this class's code over recorded answers.
+    """
+
+    def __init__(self, library: Any) -> None:
+        self._n: Any = library
         self._open = True
         self._static: dict[int, tuple[Any, str, str, bool]] = {}  # index -> handle, uuid, name, mig
 
@@ -92,9 +96,14 @@ class Nvml:
                 self._n.nvmlShutdown()
 
     def snapshot(
-        self, indices: Iterable[int] | None = None, processes: bool = True
+        self, indices: Iterable[int] | None = None, processes: bool = True, details: bool = True
     ) -> GpuSnapshot | NvmlUnavailable:
-        """The GPUs (all, or those `indices`), with their compute processes if `processes`."""
+        """The GPUs (all, or those `indices`), with their compute processes if `processes`.
+
+        `details=False`: each process only as NVML lists it, its pid and memory (`info` and
+        `holds_device` None), without looking it up in /proc: for a poll that only matches
+        pids (the stall watcher's GPU probe), not for a message naming holders or for
+        choosing whom to signal."""
         n = self._n
         started = time.monotonic()
         index = -1
@@ -103,7 +112,7 @@ class Nvml:
             wanted = range(n.nvmlDeviceGetCount()) if indices is None else indices
             gpus = []
             for index in wanted:
-                gpus.append(self._gpu(index, processes))
+                gpus.append(self._gpu(index, processes, details))
         except n.NVMLError as exc:
             where = f"GPU {index}: " if index >= 0 else ""
             return NvmlUnavailable(f"{where}{_error_text(exc)}")
@@ -115,7 +124,7 @@ class Nvml:
             self._driver_version = _text(self._n.nvmlSystemGetDriverVersion())
         return self._driver_version
 
-    def _gpu(self, index: int, with_processes: bool) -> Gpu:
+    def _gpu(self, index: int, with_processes: bool, details: bool) -> Gpu:
         n = self._n
         if index not in self._static:
             handle = n.nvmlDeviceGetHandleByIndex(index)
@@ -130,7 +139,7 @@ class Nvml:
         procs: tuple[GpuProcess, ...] = ()
         error = None
         if with_processes:
-            procs, error = self._processes(handle, mig)
+            procs, error = self._processes(handle, mig, details)
         return Gpu(index, uuid, name, used, total, procs, mig, error)
 
     def utilisation(self, index: int) -> int | None:
@@ -160,7 +169,9 @@ class Nvml:
             mem = n.nvmlDeviceGetMemoryInfo(handle)
         return int(mem.used), int(mem.total)
 
-    def _processes(self, handle: Any, mig: bool) -> tuple[tuple[GpuProcess, ...], str | None]:
+    def _processes(
+        self, handle: Any, mig: bool, details: bool
+    ) -> tuple[tuple[GpuProcess, ...], str | None]:
         """Compute (and MPS client) processes; with MIG, gathered from each instance."""
         n = self._n
         # With MIG the parent handle lists processes only for privileged callers; the
@@ -186,7 +197,15 @@ class Nvml:
                 used[pid] = mem if pid not in used else _combine(used[pid], mem, _add)
         if mig and not handles:
             error = "MIG is on but no MIG instance is visible"
-        return tuple(_process(pid, mem) for pid, mem in sorted(used.items())), error
+        found = sorted(used.items())
+        if not details:
+            return tuple(GpuProcess(pid, mem, None) for pid, mem in found), error
+        return tuple(self._look_up(pid, mem) for pid, mem in found), error
+
+    def _look_up(self, pid: int, used: int | None) -> GpuProcess:
+        """NVML's `pid` as this host sees it (/proc, psutil): a few syscalls per process, and
+        the file descriptors of each; RecordedNvml's pids are not this host's."""
+        return _process(pid, used)
 
     def _mig_instances(self, handle: Any) -> list[Any]:
         n = self._n

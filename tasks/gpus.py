@@ -6,10 +6,13 @@ will do) or `all`. Without a driver every kind says "NVML unavailable: ..." and 
 
 from __future__ import annotations
 
+import json
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
-from typing import Annotated, Literal, TypeVar
+from types import SimpleNamespace
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -383,46 +386,117 @@ class GpuPool(Pool):
 
 
 # A recorded NVML state (JSON) every GPU kind reads instead of NVML: how the lease logic of an
-# 8-GPU host, and the flagship's steps around its GPUs, are tested on machines without one (the
-# real NVML path runs in tests/test_gpu.py, on the GPU machine).
+# 8-GPU host, and the flagship's steps around its GPUs, are tested on machines without one. Nvml's
+# own code runs over it; pynvml and the /proc look-ups of NVML's pids run in tests/test_gpu.py,
+# on the GPU machine.
 RECORDED_STATE = "ORCH_GPU_STATE"
 
 
 class RecordedNvml(Nvml):
-    """NVML's answers read from a file of `recorded_gpus` rows, again at every snapshot."""
+    """Nvml itself over a RecordedLibrary: every snapshot reads the file again, then runs
+    Nvml's own code (indices, the `processes` and `details` switches, utilisation, errors).
+    The recorded pids are not this host's: they are not looked up in /proc (info and
+    holds_device stay None), and `looked_up` counts the processes that would have been."""
 
-    def __init__(self, path: str) -> None:  # no NVML module behind it
-        self.path = path
-
-    def close(self) -> None:
-        pass
+    def __init__(self, path: str) -> None:
+        self.library = RecordedLibrary(path)
+        super().__init__(self.library)
+        self.looked_up = 0
 
     def snapshot(
-        self, indices: Iterable[int] | None = None, processes: bool = True
+        self, indices: Iterable[int] | None = None, processes: bool = True, details: bool = True
     ) -> GpuSnapshot | NvmlUnavailable:
-        wanted = None if indices is None else set(indices)
-        gpus = [g for g in recorded_gpus(self.path) if wanted is None or g.index in wanted]
-        return GpuSnapshot("recorded", tuple(gpus), time.monotonic(), 0.0)
+        self.library.load()  # a test changes the file while a run waits
+        return super().snapshot(indices, processes, details)
+
+    def _look_up(self, pid: int, used: int | None) -> GpuProcess:
+        self.looked_up += 1
+        return GpuProcess(pid, used, None)
 
 
-def recorded_gpus(path: str) -> list[Gpu]:
-    """`[{"index": 0, "used_mib": 512, "pids": [4121]}, ...]`, read at every look (a test
-    changes it while a run waits)."""
-    import json
+class RecordedLibrary:
+    """The part of pynvml's API that Nvml calls, answering from a JSON file of rows
+    `{"index": 0, "used_mib": 512, "pids": [4121, {"pid": 4122, "used_mib": 2048}],
+    "util_pct": 37, "name": "NVIDIA H200", "total_mib": 143771}` (all but `index` optional;
+    indices 0..n-1, as NVML numbers GPUs; a pid without `used_mib` has memory unknown; no
+    `util_pct`: utilisation not supported). `calls` counts each function's calls."""
 
-    with open(path) as f:
-        rows = json.load(f)
-    return [
-        Gpu(
-            index=r["index"],
-            uuid=f"GPU-recorded-{r['index']}",
-            name=r.get("name", "recorded"),
-            used_bytes=int(r.get("used_mib", 0) * MIB),
-            total_bytes=int(r.get("total_mib", 143771) * MIB),
-            processes=tuple(GpuProcess(pid, None, None) for pid in r.get("pids", [])),
+    class NVMLError(Exception):
+        pass
+
+    NVML_DEVICE_MIG_ENABLE = 1
+    nvmlMemory_v2 = 2
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.rows: dict[int, dict[str, Any]] = {}
+        self.calls: Counter[str] = Counter()
+
+    def load(self) -> None:
+        with open(self.path) as f:
+            rows = json.load(f)
+        self.rows = {int(r["index"]): r for r in rows}
+        if sorted(self.rows) != list(range(len(rows))):
+            raise ValueError(f"{self.path}: GPU indices must be 0..{len(rows) - 1}, once each")
+
+    def _row(self, name: str, handle: int) -> dict[str, Any]:
+        self.calls[name] += 1
+        if handle not in self.rows:
+            raise self.NVMLError("GPU is lost")
+        return self.rows[handle]
+
+    def nvmlShutdown(self) -> None:
+        self.calls["nvmlShutdown"] += 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self.calls["nvmlSystemGetDriverVersion"] += 1
+        return "recorded"
+
+    def nvmlDeviceGetCount(self) -> int:
+        self.calls["nvmlDeviceGetCount"] += 1
+        return len(self.rows)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> int:
+        self.calls["nvmlDeviceGetHandleByIndex"] += 1
+        if index not in self.rows:
+            raise self.NVMLError("Invalid Argument")
+        return index  # the handle: the recorded index
+
+    def nvmlDeviceGetUUID(self, handle: int) -> str:
+        self._row("nvmlDeviceGetUUID", handle)
+        return f"GPU-recorded-{handle}"
+
+    def nvmlDeviceGetName(self, handle: int) -> str:
+        return str(self._row("nvmlDeviceGetName", handle).get("name", "recorded"))
+
+    def nvmlDeviceGetMigMode(self, handle: int) -> tuple[int, int]:
+        self._row("nvmlDeviceGetMigMode", handle)
+        raise self.NVMLError("Not Supported")
+
+    def nvmlDeviceGetMemoryInfo(self, handle: int, version: int | None = None) -> SimpleNamespace:
+        row = self._row("nvmlDeviceGetMemoryInfo", handle)
+        return SimpleNamespace(
+            used=int(row.get("used_mib", 0) * MIB), total=int(row.get("total_mib", 143771) * MIB)
         )
-        for r in rows
-    ]
+
+    def nvmlDeviceGetComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        row = self._row("nvmlDeviceGetComputeRunningProcesses", handle)
+        listed = []
+        for p in row.get("pids", []):
+            pid, mib = (p, None) if isinstance(p, int) else (p["pid"], p.get("used_mib"))
+            used = None if mib is None else int(mib * MIB)
+            listed.append(SimpleNamespace(pid=pid, usedGpuMemory=used))
+        return listed
+
+    def nvmlDeviceGetMPSComputeRunningProcesses(self, handle: int) -> list[SimpleNamespace]:
+        self._row("nvmlDeviceGetMPSComputeRunningProcesses", handle)
+        return []
+
+    def nvmlDeviceGetUtilizationRates(self, handle: int) -> SimpleNamespace:
+        row = self._row("nvmlDeviceGetUtilizationRates", handle)
+        if row.get("util_pct") is None:
+            raise self.NVMLError("Not Supported")
+        return SimpleNamespace(gpu=row["util_pct"], memory=0)
 
 
 def free_gpus(gpus: Sequence[Gpu]) -> dict[str, str | None]:
@@ -443,15 +517,16 @@ class GpuProgress:
     /dev/nvidia* file open, every GPU's memory in use; a task with no GPU process reads nothing,
     so another workload's GPUs never mask its stall. Without a driver it reads nothing."""
 
-    def __init__(self) -> None:
-        self.nvml: Nvml | NvmlUnavailable | None = None  # opened on the first read
+    def __init__(self, nvml: Nvml | None = None) -> None:
+        self.nvml: Nvml | NvmlUnavailable | None = nvml  # None: opened on the first read
 
     def read(self, pids: Sequence[int]) -> dict[str, float]:
         if self.nvml is None:
             self.nvml = open_nvml()
         if isinstance(self.nvml, NvmlUnavailable):
             return {}
-        snap = self.nvml.snapshot()
+        # Every sample: pids and memory as NVML lists them, no /proc look-up of each process.
+        snap = self.nvml.snapshot(details=False)
         if isinstance(snap, NvmlUnavailable):
             return {}
         mine = set(pids)

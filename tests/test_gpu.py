@@ -28,7 +28,7 @@ import pytest
 
 from probes.nvml import Gpu, GpuProcess, NvmlUnavailable, open_nvml, snapshot
 from probes.procs import ProcessInfo
-from tasks.gpus import busy
+from tasks.gpus import GpuProgress, RecordedNvml, busy
 from tasks.gpus import select as select_gpus
 
 from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
@@ -190,6 +190,104 @@ def test_select_by_index_uuid_prefix_or_all() -> None:
         select_gpus(gpus, ["GPU-"])
     with pytest.raises(LookupError, match="found no GPUs"):
         select_gpus([], "all")
+
+
+NO_SUCH_PID = 2**22 + 1  # above any pid_max: no process here, on any host
+
+
+def _record(path: Path, rows: list[dict[str, object]]) -> str:
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_recorded_nvml_runs_nvmls_own_code(tmp_path: Path) -> None:
+    """RecordedNvml is Nvml over a recorded library: Nvml's switches and errors apply (no
+    processes when not asked, an unknown index is NvmlUnavailable, utilisation answers), the
+    file is read again at every snapshot, and closing it shuts the library down."""
+    state = tmp_path / "gpus.json"
+    rows: list[dict[str, object]] = [
+        {"index": 0, "used_mib": 512, "pids": [4121], "util_pct": 12},
+        {"index": 1, "name": "NVIDIA H200"},
+    ]
+    with RecordedNvml(_record(state, rows)) as nvml:
+        snap = nvml.snapshot()
+        assert not isinstance(snap, NvmlUnavailable) and snap.driver == "recorded"
+        gpu0, gpu1 = snap.gpus
+        assert (gpu0.uuid, gpu0.used_bytes, gpu0.total_bytes) == (
+            "GPU-recorded-0",
+            512 * MIB,
+            143771 * MIB,
+        )
+        assert gpu0.processes == (GpuProcess(4121, None, None),) and gpu1.processes == ()
+        assert gpu1.name == "NVIDIA H200" and gpu0.name == "recorded"
+        assert nvml.utilisation(0) == 12 and nvml.utilisation(1) is None
+        listing = nvml.snapshot(processes=False)
+        assert not isinstance(listing, NvmlUnavailable)
+        assert [g.processes for g in listing.gpus] == [(), ()]
+        assert nvml.snapshot([1, 7]) == NvmlUnavailable("GPU 7: Invalid Argument")
+        _record(state, [{"index": 0, "used_mib": 70_000}, {"index": 1}])
+        again = nvml.snapshot([0])
+        assert not isinstance(again, NvmlUnavailable) and again.gpus[0].used_bytes == 70_000 * MIB
+    assert nvml.library.calls["nvmlShutdown"] == 1
+
+
+def test_a_progress_sample_reads_the_same_figures_without_looking_processes_up(
+    tmp_path: Path,
+) -> None:
+    """GpuProgress (the stall watcher's GPU probe) over the recorded NVML: the task's memory on
+    each GPU NVML lists its pids on, and those GPUs' utilisation, from the same listing a full
+    snapshot has, but without the per-process look-ups (/proc, psutil) a full snapshot makes
+    of every listed process; utilisation only of the task's GPUs."""
+    state = tmp_path / "gpus.json"
+    task_a, task_b, other = 101, 102, 999
+    rows: list[dict[str, object]] = [
+        {"index": 0, "used_mib": 300, "util_pct": 5},
+        {
+            "index": 1,
+            "used_mib": 9000,
+            "util_pct": 37,
+            "pids": [{"pid": task_a, "used_mib": 2048}, {"pid": other, "used_mib": 4096}],
+        },
+        {
+            "index": 2,
+            "used_mib": 3000,
+            "util_pct": 80,
+            "pids": [{"pid": task_b, "used_mib": 1024}, {"pid": task_a, "used_mib": 512}],
+        },
+        {"index": 3, "used_mib": 70_000, "pids": [998]},  # another workload, memory unknown
+    ]
+    nvml = RecordedNvml(_record(state, rows))
+    full = nvml.snapshot()
+    assert not isinstance(full, NvmlUnavailable)
+    assert nvml.looked_up == 5  # a full snapshot looks up every process it lists
+    calls = nvml.library.calls
+    calls.clear()
+    probe = GpuProgress(nvml)
+    readings = probe.read([task_a, task_b, NO_SUCH_PID])
+    assert readings == {
+        "gpu1.task_mib": 2048,
+        "gpu2.task_mib": 1536,
+        "gpu1.util_pct": 37,
+        "gpu2.util_pct": 80,
+    }
+    assert nvml.looked_up == 5  # the sample looked none up
+    task = {task_a, task_b}
+    from_full = {  # the same figures, from the full snapshot
+        f"gpu{g.index}.task_mib": sum(p.used_bytes or 0 for p in g.processes if p.pid in task)
+        // MIB
+        for g in full.gpus
+        if any(p.pid in task for p in g.processes)
+    }
+    assert {k: v for k, v in readings.items() if k.endswith(".task_mib")} == from_full
+    assert calls["nvmlDeviceGetComputeRunningProcesses"] == 4  # the pids' memory: each GPU's list
+    assert calls["nvmlDeviceGetUtilizationRates"] == 2  # the task's two GPUs, not all four
+    rows[2]["pids"] = [{"pid": task_b, "used_mib": 1024}]  # a worker left GPU 2
+    _record(state, rows)
+    assert probe.read([task_a, task_b])["gpu2.task_mib"] == 1024
+    assert probe.read([NO_SUCH_PID]) == {}  # no process of the task on a GPU: nothing
+    assert nvml.looked_up == 5
+    probe.close()
+    assert calls["nvmlShutdown"] == 1
 
 
 # --- on a GPU: a real torch process ------------------------------------------------------------

@@ -652,6 +652,38 @@ def test_finding_of_a_transitive_need_is_fine(tmp_path: Path) -> None:
     assert [t.id for t in plan.tasks] == ["probe", "mid", "use"]
 
 
+def test_plan_upstream_is_every_need_transitively_sorted(tmp_path: Path) -> None:
+    """Plan.upstream: a diamond's shared need once, sorted; nothing for a root or a guard (a
+    guard needs nothing); an unknown id is a KeyError."""
+    plan = load_plan(
+        write(
+            tmp_path,
+            """
+        name: t
+        tasks:
+          - {id: z_root, kind: shell, params: {command: 'true'}}
+          - {id: left, kind: shell, needs: z_root, params: {command: 'true'}}
+          - {id: right, kind: shell, needs: z_root, params: {command: 'true'}}
+          - id: join
+            kind: shell
+            needs: [right, left]
+            params: {command: 'true'}
+            on_failure: {id: undo, kind: shell, params: {command: 'true'}}
+          - {id: apart, kind: shell, params: {command: 'true'}}
+        finally:
+          - {id: last, kind: shell, params: {command: 'true'}}
+    """,
+        )
+    )
+    assert plan.upstream("join") == ["left", "right", "z_root"]
+    assert plan.upstream("join") == ["left", "right", "z_root"]  # again: from its cache
+    assert plan.upstream("left") == ["z_root"]
+    assert plan.upstream("z_root") == [] and plan.upstream("apart") == []
+    assert plan.upstream("undo") == [] and plan.upstream("last") == []
+    with pytest.raises(KeyError):
+        plan.upstream("nosuch")
+
+
 def test_own_finding_is_not_upstream(tmp_path: Path) -> None:
     """A task cannot use its own finding: it is not upstream of itself."""
     path = one_task(tmp_path, "kind: shell\nparams: {command: 'echo ${tasks.a.findings.k}'}  # <-E")
