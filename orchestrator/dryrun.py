@@ -79,8 +79,9 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
     due_ids = {g.id for g in due}
     undone: dict[str, str] = {}  # step -> the compensation that made it pending
     stuck: str | None = None  # a due guard that would not complete: then no step runs
+    starts: str | None = None  # whether a step starts: "surely", "maybe" (a gate, a `when`)
     for guard in due:
-        action, reason = _would_run(guard, "", lookup)
+        action, reason, _ = _would_run(guard, "", lookup)
         if action == "run":
             action, reason = "undo", "due: runs first" + (f"; {reason}" if reason else "")
             if guard.protects and statuses.get(guard.protects, Status.PENDING).done:
@@ -107,26 +108,34 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
             statuses[task.id] = Status.BLOCKED
         elif d.action is Action.RUN:
             reason = undone_by(undone[task.id]) if task.id in undone else reason
-            action, reason = _would_run(task, revived.get(task.id, reason), lookup)
+            action, reason, sure = _would_run(task, revived.get(task.id, reason), lookup)
             statuses[task.id] = _ASSUMED[action]
             if action == "run":
                 will_run.add(task.id)
+                starts = starts or ("surely" if sure else "maybe")
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"
         steps.append(_step(task.id, action, reason, d.stale))
     for guard in plan.guards:  # not steps: what runs if the plan fails, or at a run's end
         armed_run = None if guard.id in due_ids else armed.get(guard.id)  # a due one ran first
-        # A step that starts arms the `finally` tasks, run at the end of the run (wind_up).
-        if guard.role == "finally" and not stuck and (will_run or armed_run is not None):
-            action, reason = _would_run(guard, guard_note(guard.role, None, armed_run), lookup)
+        # A step that starts arms the `finally` tasks, run at the end of the run (wind_up);
+        # one armed by a run that still holds the lock is that run's to run.
+        armed_here = armed_run is not None and unended
+        if guard.role == "finally" and not stuck and (starts == "surely" or armed_here):
+            note = guard_note(guard.role, None, armed_run)
+            action, reason, _ = _would_run(guard, note, lookup)
         elif guard.id in due_ids:
             continue
         else:
             action = "guard"
             reason = guard_note(guard.role, guard.protects, armed_run)
-            if armed_run is None:
+            if armed_run is None and guard.role != "finally":
+                reason += " (not armed)"
+            elif armed_run is None:
                 reason += (
-                    " (not armed: no step starts)" if guard.role == "finally" else " (not armed)"
+                    " (not armed unless a step starts: none surely does)"
+                    if starts and not stuck
+                    else " (not armed: no step starts)"
                 )
         steps.append(_step(guard.id, action, reason))
     return steps
@@ -140,22 +149,27 @@ def _step(task_id: str, action: str, reason: str, changed: Sequence[str] = ()) -
 _ASSUMED = {"run": Status.COMPLETED, "skip": Status.SKIPPED, "block": Status.BLOCKED}
 
 
-def _would_run(task: PlannedTask, reason: str, lookup: Callable[[Ref], Any]) -> tuple[str, str]:
+def _would_run(
+    task: PlannedTask, reason: str, lookup: Callable[[Ref], Any]
+) -> tuple[str, str, bool]:
     """What the run does with a task it takes up, as far as can be told now: `skip` (its
-    `when` is false now), `block` (a read-only precondition fails now) or `run`; and why."""
+    `when` is false now), `block` (a read-only precondition fails now) or `run`; why; and
+    whether it surely starts (not a gate, which waits unless approved, nor a `when` that
+    only the run can tell)."""
     when = _known(evaluate_when, task.spec.when, lookup)
     if when is False:
-        return "skip", f"when {task.spec.when!r} is false now"
+        return "skip", f"when {task.spec.when!r} is false now", False
     if (blocked := _failing_check(task, lookup)) is not None:
-        return "block", blocked
+        return "block", blocked, False
     why = [reason] if reason else []
-    if task.spec.kind == GATE_KIND:  # it may pass, if an approval holds by then
+    gate = task.spec.kind == GATE_KIND
+    if gate:  # it may pass, if an approval holds by then
         why.append("an approval gate: waits unless approved")
     if when is None:
         why.append(f"if {task.spec.when}")
     if unchecked := [c.kind for c in task.checks if not _checkable(c, lookup)]:
         why.append(f"after preconditions checked only by the run: {', '.join(unchecked)}")
-    return "run", "; ".join(why)
+    return "run", "; ".join(why), not gate and when is not None
 
 
 def _lookup(plan: Plan, store: Store | None, will_run: set[str]) -> Callable[[Ref], Any]:

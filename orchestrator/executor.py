@@ -605,8 +605,9 @@ class Runner:
     ) -> bool:
         """One try; True if it completed. A stall with `on_stall: restart` runs it again, up
         to MAX_RESTARTS times (`restarts` so far), without using one of its retries. `resolved`:
-        the params already resolved (a gate's, when it was judged: they come from upstream
-        findings and vars, which its attempts cannot change)."""
+        the params already resolved (a gate's when it was judged, or those of the attempt a
+        stall restarts): they come from vars and upstream findings, which cannot change
+        meanwhile."""
         findings: list[Finding] = []
         log_path = self.log_dir / f"{task.id}.log"
         try:

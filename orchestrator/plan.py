@@ -27,7 +27,7 @@ from .redact import MASK
 from .stalls import Action as StallAction
 from .task import Duration, as_list
 from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
-from .yamlsource import SYNTAX_ERROR, Located, Path_, load_yaml, parse_yaml
+from .yamlsource import SYNTAX_ERROR, YAML_ERROR, Located, Path_, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
 # Tighter than yamlsource's per-value limit: ids and names become file names, log names and
@@ -917,9 +917,10 @@ def parse_var(text: str) -> tuple[str, Any]:
         return key, parse_yaml(raw, f"--var {key}").data
     except PlanError as exc:
         problem = exc.issues[0].message
-        if problem.startswith(SYNTAX_ERROR):
+        if problem.startswith((SYNTAX_ERROR, YAML_ERROR)):  # text meant as text, most likely
+            what = problem.removeprefix(SYNTAX_ERROR).removeprefix(YAML_ERROR)
             raise ValueError(
-                f"--var {key}={raw!r} is not valid YAML ({problem.removeprefix(SYNTAX_ERROR)}):"
+                f"--var {key}={raw!r} is not valid YAML ({what}):"
                 f" for text, quote it: --var '{key}=\"...\"'"
             ) from None
         raise ValueError(f"--var {key}: {problem}") from None

@@ -32,6 +32,7 @@ MAX_SCALAR_CHARS = 64 * 1024  # one key or value: a long command still fits
 # (more are replayed in a second pass): an alias bomb is refused after about a millisecond.
 MAX_EAGER_ALIAS_EVENTS = 2_000
 SYNTAX_ERROR = "YAML syntax error: "
+YAML_ERROR = "YAML error: "  # an unknown tag, `!!int abc`
 
 
 @dataclass
@@ -88,7 +89,7 @@ def parse_yaml(text: str, file: str) -> Located:
         problem = exc.problem or exc.context or "invalid YAML"
         raise PlanError([PlanIssue(file, line, SYNTAX_ERROR + problem)]) from None
     except yaml.YAMLError as exc:
-        raise PlanError([PlanIssue(file, None, f"YAML error: {exc}")]) from None
+        raise PlanError([PlanIssue(file, None, f"{YAML_ERROR}{exc}")]) from None
     try:
         if builder.error is not None:  # the first construction error, handled as it always was
             raise builder.error
@@ -101,7 +102,7 @@ def parse_yaml(text: str, file: str) -> Located:
                 PlanIssue(
                     file,
                     mark.line + 1 if mark else None,
-                    f"YAML error: {exc.problem or exc.context}",
+                    f"{YAML_ERROR}{exc.problem or exc.context}",
                 )
             ]
         ) from None

@@ -989,7 +989,7 @@ def test_parse_var(text: str, expected: tuple[str, Any]) -> None:
     assert parse_var(text) == expected
 
 
-@pytest.mark.parametrize("text", ["broken=[1, 2", "x=[1,", "m={a: [b}", "q='open"])
+@pytest.mark.parametrize("text", ["broken=[1, 2", "x=[1,", "m={a: [b}", "q='open", "n=!urgent"])
 def test_parse_var_refuses_bad_yaml(text: str) -> None:
     """Bad YAML is a usage error naming the var, not silently a string (a typo'd list would
     otherwise reach a task as text)."""

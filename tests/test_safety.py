@@ -165,6 +165,34 @@ def dry(plan: Path) -> list[tuple[str, str, str]]:
     return [(s["id"], s["action"], s["reason"]) for s in json.loads(r.stdout)["steps"]]
 
 
+def test_orch_plan_says_finally_runs_only_when_a_step_surely_starts(pdir: PlanDir) -> None:
+    """A `finally` task is armed by the first step that starts. When the only step to run is
+    a gate (it waits unless approved), the dry run does not promise the `finally` task, and
+    the run indeed stops at the gate without it; once a plain step would start, it says run."""
+    cleanup = f'{{id: cleanup, kind: shell, params: {{command: "echo c >> {pdir.root}/trail"}}}}'
+    gate = "{id: confirm, kind: approve, params: {message: go?}}"
+    plan = pdir.write(f"""
+        name: t
+        finally: [{cleanup}]
+        tasks:
+          - {gate}
+          - {{id: after, kind: shell, needs: confirm, params: {{command: "true"}}}}
+    """)
+    steps = {i: (a, r) for i, a, r in dry(plan)}
+    assert steps["confirm"] == ("run", "an approval gate: waits unless approved")
+    assert steps["cleanup"] == (
+        "guard",
+        "runs at the end of the run (not armed unless a step starts: none surely does)",
+    )
+    assert run_orch("run", plan).returncode == 4  # waits at the gate
+    assert started_in(pdir, 1) == [] and trail(pdir) == []  # as it said: no cleanup
+    first = "{id: first, kind: shell, params: {command: 'true'}}"
+    plan.write_text(plan.read_text().replace(f"- {gate}", f"- {first}\n  - {gate}"))
+    steps = {i: (a, r) for i, a, r in dry(plan)}
+    assert steps["first"] == ("run", "")
+    assert steps["cleanup"] == ("run", "runs at the end of the run")
+
+
 @pytest.mark.parametrize("how", ["failed", "stopped", "killed"])
 def test_orch_plan_runs_the_due_compensation_first_and_the_step_it_undoes_again(
     pdir: PlanDir, how: str
