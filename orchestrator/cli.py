@@ -281,13 +281,12 @@ def approve(
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
-    if not path.exists():
-        _check_gate(plan, None, task_id)  # a mistyped ID makes no store
+    ran = _plan_as_run(plan, path)  # the gate may be one added to the store
+    _check_gate(ran, task_id)  # before anything is written: a mistyped ID changes nothing
     store = _open_writable(path)  # approving before the first run is allowed
     try:
         from .todos import ensure_plan
 
-        ran = _check_gate(plan, store, task_id)  # the gate may be one added to the store
         if store.todo(task_id) is None:
             ensure_plan(plan, store)
         plan_digest, seen = approvals.hashes(ran, task_id, store)
@@ -317,24 +316,39 @@ def _stoppable() -> None:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
-def _check_gate(plan: Plan, store: Store | None, task_id: str) -> Plan:
-    """The plan a run runs (the file's tasks and those added to `store` by `orch todo add` or
-    an agent, as `execute` builds it); a usage error unless `task_id` is one of its approval
-    gates (`approve`, `--approve`)."""
-    from .approvals import GATE_KIND
-    from .errors import did_you_mean
+def _plan_as_run(plan: Plan, path: Path) -> Plan:
+    """The plan a run on the store at `path` runs: the file's tasks and those added to the
+    store (`orch todo add`, an agent), as `execute` builds it. Read by a peek, which writes
+    nothing; a store that cannot be read adds nothing here (the open that follows says why)."""
+    from contextlib import closing
+
     from .plan import with_added
+    from .store import SQLITE_ERRORS, Store
     from .todos import added_tasks
 
-    ran = plan if store is None else with_added(plan, added_tasks(store))
-    task = ran.by_id.get(task_id)
+    if not path.exists():
+        return plan
+    try:
+        with closing(Store.peek(path)) as store:
+            added = added_tasks(store)
+    except (*SQLITE_ERRORS, StoreError):
+        return plan
+    return with_added(plan, added)
+
+
+def _check_gate(plan: Plan, task_id: str) -> None:
+    """A usage error unless `task_id` is an approval gate of `plan` (the plan as run: see
+    _plan_as_run), for `approve` and `--approve`."""
+    from .approvals import GATE_KIND
+    from .errors import did_you_mean
+
+    task = plan.by_id.get(task_id)
     if task is None or task.spec.kind != GATE_KIND:
-        gates = [t.id for t in ran.tasks if t.spec.kind == GATE_KIND]
+        gates = [t.id for t in plan.tasks if t.spec.kind == GATE_KIND]
         raise UsageError(
             f"{task_id!r} is not an approval gate of {plan.file}"
             f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
         )
-    return ran
 
 
 def _execute(
@@ -354,15 +368,9 @@ def _execute(
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
     if gates := run_options.get("approve", ()):
-        # A mistyped --approve would leave the run waiting at its gate; a gate may be one
-        # added to the store, which the run's plan has (read-only here: the run writes).
-        store = _open_store(path) if path.exists() else None
-        try:
-            for gate in gates:
-                _check_gate(plan, store, gate)
-        finally:
-            if store is not None:
-                store.close()
+        ran = _plan_as_run(plan, path)  # a gate may be one added to the store
+        for gate in gates:
+            _check_gate(ran, gate)  # a mistyped --approve would leave the run at its gate
     # On a terminal the board is redrawn in place and the log lines go to events.jsonl only.
     live = not (quiet or as_json) and wanted(sys.stderr)
     options = RunOptions(

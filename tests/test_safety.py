@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shutil
 import signal
 import socket
 from pathlib import Path
@@ -15,7 +16,7 @@ import pytest
 
 from orchestrator import executor
 from orchestrator.plan import load_plan
-from orchestrator.store import Store
+from orchestrator.store import Store, runs_dir
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -570,20 +571,37 @@ def test_an_added_gate_is_accepted_by_run_approve_and_suggested_for_a_typo(
     assert sorted(trail(pdir)) == ["after", "stop"]
 
 
-def test_a_gate_reads_its_latest_approval_only(pdir: PlanDir) -> None:
-    """`approvals.judge` weighs only the latest approval: the store hands that one, or None."""
+def test_a_gate_is_judged_by_its_latest_approval_only(pdir: PlanDir) -> None:
+    """An earlier approval that would hold does not pass the gate when a later one is void:
+    the latest replaces it (the store hands only that one to approvals.judge)."""
     plan = gated(pdir)
     assert run_orch("run", plan).returncode == 4
+    assert run_orch("approve", plan, "confirm").returncode == 0  # holds for this plan
     store = Store.open(pdir.store_path())
     try:
-        assert store.latest_approval("confirm") is None
-        for n in (1, 2, 3):
-            store.approve("confirm", f"p{n}", None, f"plan{n}", f"seen{n}", "test")
+        store.approve("confirm", "p2", None, "another plan", "other findings", "test")
         latest = store.latest_approval("confirm")
-        assert latest is not None and (latest["by"], latest["plan_hash"]) == ("p3", "plan3")
+        assert latest is not None and latest["by"] == "p2"
         assert store.latest_approval("measure") is None
     finally:
         store.close()
+    r = run_orch("run", plan)
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "the plan changed since" in board(plan)["confirm"]["reason"]
+
+
+def test_a_mistyped_gate_id_changes_nothing_in_an_existing_store(pdir: PlanDir) -> None:
+    """`orch approve PLAN TYPO` is refused before the store is opened for writing: its bytes
+    stay as they were and its runs folder, removed, is not made again."""
+    plan = gated(pdir)
+    assert run_orch("run", plan).returncode == 4
+    store_path = pdir.store_path()
+    shutil.rmtree(runs_dir(store_path))
+    before = store_path.read_bytes()
+    r = run_orch("approve", plan, "confirn")
+    assert r.returncode == 2 and "did you mean 'confirm'" in r.stderr, r.stderr
+    assert store_path.read_bytes() == before
+    assert not runs_dir(store_path).exists()
 
 
 def test_a_gate_resolves_its_params_once_a_visit(
