@@ -44,8 +44,12 @@ def dry_run(
 
     if store is not None:
         plan = with_added(plan, added_tasks(store))
+    selection = Selection.of(plan, rerun, from_task, only)
+    if only:
+        rows = store.todos() if store else []
+        selection.check_only(plan, {r["id"]: Status(r["status"]) for r in rows})
     with from_folder(plan.file.absolute().parent):
-        steps = _steps(plan, store, Selection.of(plan, rerun, from_task, only))
+        steps = _steps(plan, store, selection)
     for step in steps:
         step["origin"] = plan.added.get(step["id"], "plan")
     for r in store.added() if store else []:

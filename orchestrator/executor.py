@@ -86,6 +86,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     try:  # the tasks an agent or `orch todo add` put in the store run like declared ones
         plan = with_added(plan, added_tasks(store))
         selection = Selection.of(plan, options.rerun, options.from_task, options.only)
+        if options.only:
+            selection.check_only(plan, {r["id"]: Status(r["status"]) for r in store.todos()})
     except BaseException:
         store.close()
         raise

@@ -84,6 +84,21 @@ class Selection:
             scope &= forced
         return cls(frozenset(forced), frozenset(scope), tuple(rerun), from_task, tuple(only))
 
+    def check_only(self, plan: Plan, statuses: Mapping[str, Status]) -> None:
+        """`--only ID` runs ID alone, so each of its needs that is not selected too must be
+        done already; else a usage error, before anything is written (it would block ID, a
+        completed ID included, and exit 1)."""
+        unmet = [
+            f"{task_id} needs {need}, which is {statuses.get(need, Status.PENDING)}"
+            for task_id in self.only
+            for need in plan.by_id[task_id].spec.needs
+            if need not in self.scope and not statuses.get(need, Status.PENDING).done
+        ]
+        if unmet:
+            raise UsageError(
+                f"--only: {'; '.join(unmet)}: add --only for what it needs, or run without --only"
+            )
+
     def reviving(
         self,
         plan: Plan,

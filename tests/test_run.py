@@ -157,16 +157,24 @@ def test_rerun_runs_task_and_its_dependents_only(pdir: PlanDir) -> None:
 
 
 def test_only_runs_one_task(pdir: PlanDir) -> None:
-    """--only c runs just c when its needs are completed; blocks it when they are not."""
+    """--only c runs just c when its needs are completed; when they are not, it is refused
+    as usage (exit 2) before anything is written, by `orch plan` too: a completed c is not
+    turned blocked."""
     plan = pdir.write(CHAIN.format(root=pdir.root, v=1))
-    r = run_orch("run", plan, "--only", "c")
-    assert r.returncode == 1
-    assert pdir.statuses()["c"] == "blocked"
-    assert "not selected" in pdir.todo("c")["reason"]
+    for command in ("run", "plan"):
+        r = run_orch(command, plan, "--only", "c")
+        assert r.returncode == 2, r.stderr
+        assert "--only: c needs b, which is pending: add --only for what it needs" in r.stderr
     assert not (pdir.root / "log").exists()
+    assert set(pdir.statuses().values()) <= {"pending"}  # nothing recorded of it
     assert run_orch("run", plan).returncode == 0
     assert run_orch("run", plan, "--only", "c").returncode == 0
     assert _log(pdir)[-1] == "c" and len(_log(pdir)) == 5
+    assert run_orch("forget", plan, "b").returncode == 0
+    assert run_orch("run", plan, "--only", "c").returncode == 2
+    assert pdir.statuses()["c"] == "completed"  # as it was
+    assert run_orch("run", plan, "--only", "b", "--only", "c").returncode == 0
+    assert _log(pdir)[-2:] == ["b", "c"]
 
 
 def test_from_runs_the_rest_of_the_plan(pdir: PlanDir) -> None:
