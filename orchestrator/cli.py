@@ -448,7 +448,8 @@ def status(
 ) -> None:
     """Show the todo board: one line per task with its findings.
 
-    With PLAN, completed tasks whose spec has changed since they ran are marked stale.
+    With PLAN, completed tasks whose spec has changed since they ran are marked stale (a PLAN
+    that does not load: the store's board all the same, with a warning naming the problem).
     Without it, the store comes from --store, ORCH_STORE, or the one .orch/*.db found here.
     A run whose orchestrator died is closed and its task marked interrupted. --watch follows
     a run from another terminal: the board is redrawn as it changes until no run is going.
@@ -467,12 +468,39 @@ def status(
         if guess is not None and stale is not None:
             _show_status(guess, None, as_json, todowrite=fmt == "todowrite", stale=stale)
             return
-    plan = _load(plan_file, ()) if plan_file else None
-    path = _store_path(store_opt, plan)
+    plan = None
+    if plan_file:
+        try:
+            plan = _load(plan_file, ())
+        except PlanError as exc:  # mid-edit, mid-incident: the board is needed all the more
+            path = _store_despite(plan_file, store_opt, exc)
+        else:
+            path = _store_path(store_opt, plan)
+    else:
+        path = _store_path(store_opt, None)
     if watch:
         _watch(path, plan, as_json, todowrite=fmt == "todowrite")
     else:
         _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
+
+
+def _store_despite(plan_file: Path, store_opt: str | None, exc: PlanError) -> Path:
+    """The store of a plan that does not load (--store, ORCH_STORE, else the one its `name`
+    gives, read by a pattern as `orch run` guesses it), with a warning that names the plan's
+    problem; `exc` again when there is no such store."""
+    from .finished import guess_store
+
+    path = guess_store(plan_file, store_opt) if plan_file.is_file() else None
+    if path is None or not path.exists():
+        raise exc
+    more = len(exc.issues) - 1
+    also = f" (and {more} more: orch validate {plan_file})" if more else ""
+    click.echo(
+        f"orch: warning: {exc.issues[0]}{also}; the board is {path} as recorded: "
+        "staleness could not be computed",
+        err=True,
+    )
+    return path
 
 
 def _show_status(

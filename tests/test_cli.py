@@ -492,3 +492,37 @@ def test_terminal_width_is_what_shutil_says_on_a_terminal_and_off_it(columns: st
     finally:
         os.close(leader)
         os.close(follower)
+
+
+@pytest.mark.parametrize(
+    "broken, line",
+    [
+        ("name: t\ntasks:\n  - id: a\n    kind: shell\n    params: {command: 'true'\n", 6),
+        ("name: t\ntasks:\n  - id: a\n    kind: shel\n  - {id: b, kind: shell}\n", 4),
+    ],
+    ids=["yaml", "validation"],
+)
+def test_status_of_a_broken_plan_still_shows_the_board(
+    pdir: PlanDir, tmp_path: Path, broken: str, line: int
+) -> None:
+    """A plan half edited mid-incident: `orch status PLAN` shows the store's board (found as
+    `orch run` finds it, or by --store) and warns of the plan's problem on stderr, exit 0.
+    With no store to show, the plan's error stays (exit 2)."""
+    plan = pdir.write("name: t\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    plan.write_text(broken)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args in ((plan,), (plan, "--json"), (plan, "--store", pdir.store_path())):
+        r = run_orch("status", *args, cwd=elsewhere)
+        assert r.returncode == 0, r.stderr
+        assert f"plan.yaml:{line}: " in r.stderr and "staleness could not be computed" in r.stderr
+        assert str(pdir.store_path().relative_to(tmp_path)) in r.stderr or "--store" in args
+        shown = json.loads(r.stdout)["tasks"] if "--json" in args else r.stdout
+        assert "1 completed" in shown or [t["status"] for t in shown] == ["completed"], shown
+    nowhere = run_orch("status", plan, "--store", tmp_path / "none.db")
+    assert nowhere.returncode == 2 and f"plan.yaml:{line}: " in nowhere.stderr
+    assert nowhere.stdout == ""
+    pdir.store_path().unlink()
+    gone = run_orch("status", plan)
+    assert gone.returncode == 2 and "problem" in gone.stderr and gone.stdout == ""
