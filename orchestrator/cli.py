@@ -873,7 +873,8 @@ def _forget(
             if task_id not in known:
                 raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
         ids = list(task_ids or known)
-        if confirm and not click.confirm(f"forget all {len(ids)} tasks recorded in {path}?"):
+        question = f"forget all {len(ids)} tasks recorded in {path}?"
+        if confirm and not _confirm(question, "--yes", "to reset without asking"):
             raise UsageError("nothing was changed")
         who = current_identity()
         lock.acquire({"pid": who.pid, "host": who.host, "argv": f"orch {why.split()[-1]}"})
@@ -886,6 +887,21 @@ def _forget(
     from .terminal import plural
 
     click.echo(f"{plural(len(done), 'task')} forgotten in {path}: {', '.join(done) or '-'}")
+
+
+def _confirm(question: str, flag: str, what: str) -> bool:
+    """click.confirm, where a question that cannot be asked (stdin at its end: </dev/null, a
+    script) is a usage error that names `flag`; Ctrl-C at the prompt stays an interrupt."""
+    try:
+        return click.confirm(question)
+    except click.exceptions.Abort as exc:  # click raises it for EOFError and Ctrl-C alike
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise
+        click.echo(err=False)  # end the prompt's line
+        raise UsageError(
+            f"no answer to {question!r} (stdin is not a terminal, or at its end): "
+            f"pass {flag} {what}; nothing was changed"
+        ) from None
 
 
 # --- report ----------------------------------------------------------------------------------

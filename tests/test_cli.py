@@ -526,3 +526,42 @@ def test_status_of_a_broken_plan_still_shows_the_board(
     pdir.store_path().unlink()
     gone = run_orch("status", plan)
     assert gone.returncode == 2 and "problem" in gone.stderr and gone.stdout == ""
+
+
+def test_reset_that_cannot_ask_says_to_pass_yes_and_ctrl_c_is_an_interrupt(
+    pdir: PlanDir,
+) -> None:
+    """`orch reset` with nothing to read an answer from (</dev/null, a script) is a usage
+    error naming --yes, not a silent exit 130; Ctrl-C at the prompt still is 130."""
+    import signal
+
+    plan = pdir.write("name: t\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    r = subprocess.run(
+        [ORCH, "reset", str(plan)], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "pass --yes" in r.stderr and "nothing was changed" in r.stderr, r.stderr
+    assert pdir.statuses() == {"a": "completed"}
+    proc = subprocess.Popen(
+        [ORCH, "reset", str(plan)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        asked = b""
+        while b"[y/N]" not in asked:
+            chunk = os.read(proc.stdout.fileno(), 256)
+            assert chunk, asked
+            asked += chunk
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert b"--yes" not in err
+    assert pdir.statuses() == {"a": "completed"}
