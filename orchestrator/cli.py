@@ -793,6 +793,11 @@ def history(
     store = _open_store(path)
     try:
         if task_id or transitions:
+            if task_id and store.todo(task_id) is None:  # a removed task's row stays, hidden
+                from .errors import did_you_mean
+
+                known = [r["id"] for r in store.todos()]
+                raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
             rows = [dict(r) for r in store.transitions(task_id, limit)]
             for r in rows:
                 r["at"] = iso(r["at"])

@@ -565,3 +565,21 @@ def test_reset_that_cannot_ask_says_to_pass_yes_and_ctrl_c_is_an_interrupt(
     assert proc.returncode == 130, err
     assert b"--yes" not in err
     assert pdir.statuses() == {"a": "completed"}
+
+
+def test_history_of_an_unknown_task_is_a_usage_error_with_a_suggestion(pdir: PlanDir) -> None:
+    """`orch history --task ID` for no task of the store says so (exit 2), as `orch logs`
+    does; a task removed from the board keeps its history."""
+    plan = pdir.write("name: t\ntasks: [{id: measure, kind: shell, params: {command: echo}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    for extra in ((), ("--json",)):
+        typo = run_orch("history", plan, "--task", "mesure", *extra)
+        assert typo.returncode == 2, (typo.returncode, typo.stdout, typo.stderr)
+        assert "no task 'mesure'" in typo.stderr and "did you mean 'measure'?" in typo.stderr
+        assert typo.stdout == ""
+    assert run_orch("todo", "add", plan, "extra").returncode == 0
+    assert run_orch("todo", "rm", plan, "extra").returncode == 0
+    removed = run_orch("history", plan, "--task", "extra")
+    assert removed.returncode == 0 and "extra" in removed.stdout, removed.stderr
+    known = run_orch("history", plan, "--task", "measure")
+    assert known.returncode == 0 and "-> completed" in known.stdout, known.stderr
