@@ -701,6 +701,8 @@ def logs(
     """
     if len(words) > 2:
         raise UsageError(f"orch logs takes [PLAN] ID, not {' '.join(words)!r}")
+    if len(words) == 1 and plan_opt is None and _plan_not_id(words[0]):
+        raise UsageError(_id_missing(Path(words[0]), store_opt))
     plan_file = Path(words[0]) if len(words) == 2 else plan_opt
     task_id = words[-1]
     import time
@@ -757,6 +759,28 @@ def logs(
                 time.sleep(0.25)
     finally:
         store.close()
+
+
+def _plan_not_id(word: str) -> bool:
+    """An existing file whose name no task ID can have (IDs have no `.` or `/`)."""
+    return ("." in word or "/" in word) and Path(word).is_file()
+
+
+def _id_missing(plan_file: Path, store_opt: str | None) -> str:
+    """`orch logs PLAN` alone: the ID is missing, with an example (a task of its store)."""
+    example = "ID"
+    try:
+        store = _open_store(_store_path(store_opt, None, plan_file))
+        try:
+            example = next((r["id"] for r in store.todos()), example)
+        finally:
+            store.close()
+    except OrchError:
+        pass
+    return (
+        f"orch logs takes [PLAN] ID: the task ID is missing after the plan {plan_file} "
+        f"(e.g. `orch logs {plan_file} {example}`)"
+    )
 
 
 @cli.command()

@@ -583,3 +583,19 @@ def test_history_of_an_unknown_task_is_a_usage_error_with_a_suggestion(pdir: Pla
     assert removed.returncode == 0 and "extra" in removed.stdout, removed.stderr
     known = run_orch("history", plan, "--task", "measure")
     assert known.returncode == 0 and "-> completed" in known.stdout, known.stderr
+
+
+def test_logs_of_a_plan_without_an_id_says_the_id_is_missing(pdir: PlanDir) -> None:
+    """`orch logs PLAN` (the ID forgotten) is not "no task 'plan.yaml'": usage, exit 2,
+    with an example naming a task of the store."""
+    plan = pdir.write("name: t\ntasks: [{id: measure, kind: shell, params: {command: echo}}]\n")
+    for when in ("before the first run", "after it"):
+        r = run_orch("logs", "plan.yaml", cwd=pdir.root)
+        assert r.returncode == 2, (when, r.returncode, r.stderr)
+        assert "task ID is missing" in r.stderr and "no task" not in r.stderr, (when, r.stderr)
+        example = "orch logs plan.yaml measure" if when == "after it" else "orch logs plan.yaml ID"
+        assert example in r.stderr, (when, r.stderr)
+        assert run_orch("run", plan).returncode == 0
+    assert run_orch("logs", "measure", cwd=pdir.root).returncode == 0  # the store found here
+    typo = run_orch("logs", "mesure", cwd=pdir.root)
+    assert typo.returncode == 2 and "did you mean 'measure'?" in typo.stderr
