@@ -22,7 +22,6 @@ from .errors import (
     EXIT_USAGE,
     OrchError,
     PlanError,
-    PlanIssue,
     StoreError,
     UsageError,
 )
@@ -45,12 +44,7 @@ def vars_options(command: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(command)
     def merged(*args: Any, var_args: tuple[str, ...], vars_file: Path | None, **kwargs: Any) -> Any:
-        from_file, lines = _vars_file_args(vars_file)
-        if vars_file is not None:  # for _load: a problem with one of these is the file's
-            given = {v.split("=", 1)[0] for v in var_args}
-            lines = {k: n for k, n in lines.items() if k not in given}
-            click.get_current_context().meta[VARS_FILE_META] = (vars_file, lines)
-        return command(*args, var_args=(*from_file, *var_args), **kwargs)
+        return command(*args, var_args=(*_vars_file_args(vars_file), *var_args), **kwargs)
 
     merged = click.option(
         "--vars-file",
@@ -67,45 +61,22 @@ def vars_options(command: Callable[..., Any]) -> Callable[..., Any]:
     )(merged)
 
 
-VARS_FILE_META = "orch.vars_file"  # ctx.meta: (the --vars-file, {its var: its line})
-
-
-def _vars_file_args(path: Path | None) -> tuple[tuple[str, ...], dict[str, int | None]]:
+def _vars_file_args(path: Path | None) -> tuple[str, ...]:
     """The vars file as KEY=VALUE words (JSON is YAML), so it goes where --var goes: into the
-    plan and into the digest that says whether a finished plan has anything to do; and the
-    line of each var in the file."""
+    plan and into the digest that says whether a finished plan has anything to do."""
     if path is None:
-        return (), {}
+        return ()
     from .yamlsource import load_yaml
 
     if not path.is_file():
         raise UsageError(f"--vars-file {path}: no such file")
     try:
-        src = load_yaml(path)
+        data = load_yaml(path).data
     except PlanError as exc:
         raise UsageError(f"--vars-file {path}: {exc.issues[0].message}") from None
-    data = src.data
     if not isinstance(data, dict) or not all(isinstance(k, str) for k in data):
         raise UsageError(f"--vars-file {path}: write a mapping of var names to values")
-    return tuple(f"{k}={json.dumps(v)}" for k, v in data.items()), {k: src.line((k,)) for k in data}
-
-
-def _blame_vars_file(exc: PlanError) -> PlanError:
-    """`exc` with each `--var KEY: ...` problem of a var that came from --vars-file (and no
-    --var) told as the vars file's, at its line."""
-    ctx = click.get_current_context(silent=True)
-    found = ctx.meta.get(VARS_FILE_META) if ctx else None
-    if not found:
-        return exc
-    path, lines = found
-    issues = []
-    for issue in exc.issues:
-        key = next((k for k in lines if issue.message.startswith(f"--var {k}: ")), None)
-        if key is not None:
-            message = issue.message.removeprefix(f"--var {key}: ")
-            issue = PlanIssue(str(path), lines[key], message)
-        issues.append(issue)
-    return PlanError(issues)
+    return tuple(f"{k}={json.dumps(v)}" for k, v in data.items())
 
 
 class OrchGroup(click.Group):
@@ -1248,8 +1219,6 @@ def _load(plan_file: Path, var_args: tuple[str, ...]) -> Plan:
     gc.disable()
     try:
         return load_plan(plan_file, overrides)
-    except PlanError as exc:
-        raise _blame_vars_file(exc) from None
     finally:
         gc.enable()
 

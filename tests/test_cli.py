@@ -599,29 +599,3 @@ def test_logs_of_a_plan_without_an_id_says_the_id_is_missing(pdir: PlanDir) -> N
     assert run_orch("logs", "measure", cwd=pdir.root).returncode == 0  # the store found here
     typo = run_orch("logs", "mesure", cwd=pdir.root)
     assert typo.returncode == 2 and "did you mean 'measure'?" in typo.stderr
-
-
-def test_an_unknown_var_of_a_vars_file_is_blamed_on_the_file(pdir: PlanDir) -> None:
-    """The vars file and its line are named, not a `--var` the user never typed; a --var of
-    the same name is the one blamed."""
-    plan = pdir.write(
-        "name: t\nvars: {size: 1}\ntasks: [{id: a, kind: shell, params: {command: echo}}]\n"
-    )
-    vars_file = pdir.root / "vars.yaml"
-    vars_file.write_text("size: 2\nsiz: 3\n")
-    for command in ("run", "plan", "validate"):
-        r = run_orch(command, plan, "--vars-file", vars_file)
-        assert r.returncode == 2, (command, r.stderr)
-        assert f"{vars_file}:2: the plan has no var 'siz' (did you mean 'size'?)" in r.stderr
-        assert "--var" not in r.stderr, (command, r.stderr)
-    listed = json.loads(run_orch("validate", plan, "--vars-file", vars_file, "--json").stdout)
-    assert listed["errors"] == [
-        {
-            "file": str(vars_file),
-            "line": 2,
-            "message": "the plan has no var 'siz' (did you mean 'size'?)",
-        }
-    ]
-    both = run_orch("validate", plan, "--vars-file", vars_file, "--var", "siz=4")
-    assert both.returncode == 2 and "--var siz: the plan has no var 'siz'" in both.stderr
-    assert str(vars_file) not in both.stderr
