@@ -456,7 +456,8 @@ def status(
 ) -> None:
     """Show the todo board: one line per task with its findings.
 
-    With PLAN, completed tasks whose spec has changed since they ran are marked stale.
+    With PLAN, completed tasks whose spec has changed since they ran are marked stale (a PLAN
+    that does not load: the store's board all the same, with a warning naming the problem).
     Without it, the store comes from --store, ORCH_STORE, or the one .orch/*.db found here.
     A run whose orchestrator died is closed and its task marked interrupted. --watch follows
     a run from another terminal: the board is redrawn as it changes until no run is going.
@@ -475,12 +476,39 @@ def status(
         if guess is not None and stale is not None:
             _show_status(guess, None, as_json, todowrite=fmt == "todowrite", stale=stale)
             return
-    plan = _load(plan_file, ()) if plan_file else None
-    path = _store_path(store_opt, plan)
+    plan = None
+    if plan_file:
+        try:
+            plan = _load(plan_file, ())
+        except PlanError as exc:  # mid-edit, mid-incident: the board is needed all the more
+            path = _store_despite(plan_file, store_opt, exc)
+        else:
+            path = _store_path(store_opt, plan)
+    else:
+        path = _store_path(store_opt, None)
     if watch:
         _watch(path, plan, as_json, todowrite=fmt == "todowrite")
     else:
         _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
+
+
+def _store_despite(plan_file: Path, store_opt: str | None, exc: PlanError) -> Path:
+    """The store of a plan that does not load (--store, ORCH_STORE, else the one its `name`
+    gives, read by a pattern as `orch run` guesses it), with a warning that names the plan's
+    problem; `exc` again when there is no such store."""
+    from .finished import guess_store
+
+    path = guess_store(plan_file, store_opt) if plan_file.is_file() else None
+    if path is None or not path.exists():
+        raise exc
+    more = len(exc.issues) - 1
+    also = f" (and {more} more: orch validate {plan_file})" if more else ""
+    click.echo(
+        f"orch: warning: {exc.issues[0]}{also}; the board is {path} as recorded: "
+        "staleness could not be computed",
+        err=True,
+    )
+    return path
 
 
 def _show_status(
@@ -681,6 +709,8 @@ def logs(
     """
     if len(words) > 2:
         raise UsageError(f"orch logs takes [PLAN] ID, not {' '.join(words)!r}")
+    if len(words) == 1 and plan_opt is None and _plan_not_id(words[0]):
+        raise UsageError(_id_missing(Path(words[0]), store_opt))
     plan_file = Path(words[0]) if len(words) == 2 else plan_opt
     task_id = words[-1]
     import time
@@ -739,6 +769,28 @@ def logs(
         store.close()
 
 
+def _plan_not_id(word: str) -> bool:
+    """An existing file whose name no task ID can have (IDs have no `.` or `/`)."""
+    return ("." in word or "/" in word) and Path(word).is_file()
+
+
+def _id_missing(plan_file: Path, store_opt: str | None) -> str:
+    """`orch logs PLAN` alone: the ID is missing, with an example (a task of its store)."""
+    example = "ID"
+    try:
+        store = _open_store(_store_path(store_opt, None, plan_file))
+        try:
+            example = next((r["id"] for r in store.todos()), example)
+        finally:
+            store.close()
+    except OrchError:
+        pass
+    return (
+        f"orch logs takes [PLAN] ID: the task ID is missing after the plan {plan_file} "
+        f"(e.g. `orch logs {plan_file} {example}`)"
+    )
+
+
 @cli.command()
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @click.option("--plan", "plan_opt", type=click.Path(path_type=Path), hidden=True)  # before 0.3
@@ -773,6 +825,11 @@ def history(
     store = _open_store(path)
     try:
         if task_id or transitions:
+            if task_id and store.todo(task_id) is None:  # a removed task's row stays, hidden
+                from .errors import did_you_mean
+
+                known = [r["id"] for r in store.todos()]
+                raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
             rows = [dict(r) for r in store.transitions(task_id, limit)]
             for r in rows:
                 r["at"] = iso(r["at"])
@@ -853,7 +910,8 @@ def _forget(
             if task_id not in known:
                 raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
         ids = list(task_ids or known)
-        if confirm and not click.confirm(f"forget all {len(ids)} tasks recorded in {path}?"):
+        question = f"forget all {len(ids)} tasks recorded in {path}?"
+        if confirm and not _confirm(question, "--yes", "to reset without asking"):
             raise UsageError("nothing was changed")
         who = current_identity()
         lock.acquire({"pid": who.pid, "host": who.host, "argv": f"orch {why.split()[-1]}"})
@@ -866,6 +924,21 @@ def _forget(
     from .terminal import plural
 
     click.echo(f"{plural(len(done), 'task')} forgotten in {path}: {', '.join(done) or '-'}")
+
+
+def _confirm(question: str, flag: str, what: str) -> bool:
+    """click.confirm, where a question that cannot be asked (stdin at its end: </dev/null, a
+    script) is a usage error that names `flag`; Ctrl-C at the prompt stays an interrupt."""
+    try:
+        return click.confirm(question)
+    except click.exceptions.Abort as exc:  # click raises it for EOFError and Ctrl-C alike
+        if isinstance(exc.__context__, KeyboardInterrupt):
+            raise
+        click.echo(err=False)  # end the prompt's line
+        raise UsageError(
+            f"no answer to {question!r} (stdin is not a terminal, or at its end): "
+            f"pass {flag} {what}; nothing was changed"
+        ) from None
 
 
 # --- report ----------------------------------------------------------------------------------

@@ -445,9 +445,9 @@ class Store:
     def _make(cls, path: Path) -> None:
         """Build a new store under a temporary name, then link it into place: the path names
         a complete store or nothing, whatever moment a crash hits."""
-        path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
         tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
         try:
+            path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE))
             conn = _connect(tmp, readonly=False)
             try:
@@ -464,15 +464,21 @@ class Store:
                     os.replace(tmp, path)
         except SQLITE_ERRORS as exc:
             raise StoreError(fault_message(path, exc)) from None
-        except OSError as exc:
-            raise StoreError(f"cannot create the store {path}: {exc.strerror}") from None
+        except OSError as exc:  # a read-only or private folder, say: --store goes elsewhere
+            named = exc.filename and exc.filename not in (str(path), str(tmp))
+            where = f" ({exc.filename})" if named else ""
+            raise StoreError(
+                f"cannot create the store {path}: {exc.strerror}{where}; "
+                "give a writable place with --store PATH (or ORCH_STORE)"
+            ) from None
         finally:
             for leftover in (
                 tmp,
                 tmp.with_name(tmp.name + "-wal"),
                 tmp.with_name(tmp.name + "-shm"),
             ):
-                leftover.unlink(missing_ok=True)
+                if os.path.lexists(leftover):  # not unlink(missing_ok): EROFS before ENOENT
+                    leftover.unlink()
 
     @_guarded
     def _check(self, create: bool) -> None:

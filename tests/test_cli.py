@@ -492,3 +492,110 @@ def test_terminal_width_is_what_shutil_says_on_a_terminal_and_off_it(columns: st
     finally:
         os.close(leader)
         os.close(follower)
+
+
+@pytest.mark.parametrize(
+    "broken, line",
+    [
+        ("name: t\ntasks:\n  - id: a\n    kind: shell\n    params: {command: 'true'\n", 6),
+        ("name: t\ntasks:\n  - id: a\n    kind: shel\n  - {id: b, kind: shell}\n", 4),
+    ],
+    ids=["yaml", "validation"],
+)
+def test_status_of_a_broken_plan_still_shows_the_board(
+    pdir: PlanDir, tmp_path: Path, broken: str, line: int
+) -> None:
+    """A plan half edited mid-incident: `orch status PLAN` shows the store's board (found as
+    `orch run` finds it, or by --store) and warns of the plan's problem on stderr, exit 0.
+    With no store to show, the plan's error stays (exit 2)."""
+    plan = pdir.write("name: t\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    plan.write_text(broken)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    for args in ((plan,), (plan, "--json"), (plan, "--store", pdir.store_path())):
+        r = run_orch("status", *args, cwd=elsewhere)
+        assert r.returncode == 0, r.stderr
+        assert f"plan.yaml:{line}: " in r.stderr and "staleness could not be computed" in r.stderr
+        assert str(pdir.store_path().relative_to(tmp_path)) in r.stderr or "--store" in args
+        shown = json.loads(r.stdout)["tasks"] if "--json" in args else r.stdout
+        assert "1 completed" in shown or [t["status"] for t in shown] == ["completed"], shown
+    nowhere = run_orch("status", plan, "--store", tmp_path / "none.db")
+    assert nowhere.returncode == 2 and f"plan.yaml:{line}: " in nowhere.stderr
+    assert nowhere.stdout == ""
+    pdir.store_path().unlink()
+    gone = run_orch("status", plan)
+    assert gone.returncode == 2 and "problem" in gone.stderr and gone.stdout == ""
+
+
+def test_reset_that_cannot_ask_says_to_pass_yes_and_ctrl_c_is_an_interrupt(
+    pdir: PlanDir,
+) -> None:
+    """`orch reset` with nothing to read an answer from (</dev/null, a script) is a usage
+    error naming --yes, not a silent exit 130; Ctrl-C at the prompt still is 130."""
+    import signal
+
+    plan = pdir.write("name: t\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    r = subprocess.run(
+        [ORCH, "reset", str(plan)], stdin=subprocess.DEVNULL, capture_output=True, text=True
+    )
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "pass --yes" in r.stderr and "nothing was changed" in r.stderr, r.stderr
+    assert pdir.statuses() == {"a": "completed"}
+    proc = subprocess.Popen(
+        [ORCH, "reset", str(plan)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    try:
+        asked = b""
+        while b"[y/N]" not in asked:
+            chunk = os.read(proc.stdout.fileno(), 256)
+            assert chunk, asked
+            asked += chunk
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, err
+    assert b"--yes" not in err
+    assert pdir.statuses() == {"a": "completed"}
+
+
+def test_history_of_an_unknown_task_is_a_usage_error_with_a_suggestion(pdir: PlanDir) -> None:
+    """`orch history --task ID` for no task of the store says so (exit 2), as `orch logs`
+    does; a task removed from the board keeps its history."""
+    plan = pdir.write("name: t\ntasks: [{id: measure, kind: shell, params: {command: echo}}]\n")
+    assert run_orch("run", plan).returncode == 0
+    for extra in ((), ("--json",)):
+        typo = run_orch("history", plan, "--task", "mesure", *extra)
+        assert typo.returncode == 2, (typo.returncode, typo.stdout, typo.stderr)
+        assert "no task 'mesure'" in typo.stderr and "did you mean 'measure'?" in typo.stderr
+        assert typo.stdout == ""
+    assert run_orch("todo", "add", plan, "extra").returncode == 0
+    assert run_orch("todo", "rm", plan, "extra").returncode == 0
+    removed = run_orch("history", plan, "--task", "extra")
+    assert removed.returncode == 0 and "extra" in removed.stdout, removed.stderr
+    known = run_orch("history", plan, "--task", "measure")
+    assert known.returncode == 0 and "-> completed" in known.stdout, known.stderr
+
+
+def test_logs_of_a_plan_without_an_id_says_the_id_is_missing(pdir: PlanDir) -> None:
+    """`orch logs PLAN` (the ID forgotten) is not "no task 'plan.yaml'": usage, exit 2,
+    with an example naming a task of the store."""
+    plan = pdir.write("name: t\ntasks: [{id: measure, kind: shell, params: {command: echo}}]\n")
+    for when in ("before the first run", "after it"):
+        r = run_orch("logs", "plan.yaml", cwd=pdir.root)
+        assert r.returncode == 2, (when, r.returncode, r.stderr)
+        assert "task ID is missing" in r.stderr and "no task" not in r.stderr, (when, r.stderr)
+        example = "orch logs plan.yaml measure" if when == "after it" else "orch logs plan.yaml ID"
+        assert example in r.stderr, (when, r.stderr)
+        assert run_orch("run", plan).returncode == 0
+    assert run_orch("logs", "measure", cwd=pdir.root).returncode == 0  # the store found here
+    typo = run_orch("logs", "mesure", cwd=pdir.root)
+    assert typo.returncode == 2 and "did you mean 'measure'?" in typo.stderr

@@ -347,6 +347,53 @@ def test_store_in_a_read_only_folder_can_be_read(pdir: PlanDir) -> None:
         store.parent.chmod(0o700)
 
 
+@contextmanager
+def read_only_folder(where: Path, fill: Callable[[Path], None]) -> Iterator[str]:
+    """`where`, made by `fill` and then sealed, as root too: a tmpfs remounted read-only (root
+    writes through file modes), else mode 0555. Yields what the system says to a write."""
+    if os.geteuid() == 0:
+        with tmpfs(where, "1m"):
+            fill(where)
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+            yield "Read-only file system"
+        return
+    where.mkdir()
+    fill(where)
+    sealed = [where, *(p for p in where.iterdir() if p.is_dir())]
+    for folder in sealed:
+        folder.chmod(0o555)
+    try:
+        yield "Permission denied"
+    finally:
+        for folder in sealed:
+            folder.chmod(0o700)
+
+
+@pytest.mark.parametrize("orch_folder", [False, True], ids=["no .orch", "empty .orch"])
+def test_a_store_that_cannot_be_created_says_so_not_removed(
+    tmp_path: Path, orch_folder: bool
+) -> None:
+    """A plan in a read-only folder: the store cannot be made. Said as such (never "removed
+    during the run"), naming the store and the way out (--store), which then works."""
+
+    def fill(root: Path) -> None:
+        PlanDir(root).write(COUNTING_PLAN.format(root=tmp_path))  # it counts outside `root`
+        if orch_folder:
+            (root / ".orch").mkdir()
+
+    with read_only_folder(tmp_path / "ro", fill) as why:
+        root = tmp_path / "ro"
+        for args in (["run", "plan.yaml"], ["todo", "add", "plan.yaml", "b"]):
+            r = run_orch(*args, cwd=root)
+            assert_refused(r, "cannot create the store", why, "--store PATH")
+            assert "removed" not in r.stderr, r.stderr
+        assert not (tmp_path / "a.count").exists()
+        elsewhere = tmp_path / "elsewhere.db"
+        r = run_orch("run", "plan.yaml", "--store", elsewhere, cwd=root)
+        assert r.returncode == 0, r.stderr
+        assert (tmp_path / "a.count").read_text() == "ran\n"
+
+
 def mode(path: Path) -> int:
     return stat.S_IMODE(path.stat().st_mode)
 
