@@ -200,12 +200,16 @@ class Runner:
             held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
             try:
                 self.store.close_run(self.run_id, "interrupted", f"stopped by {_signal_name(exc)}")
+                self.not_started(f"the run was stopped by {_signal_name(exc)}")
                 self.log.error("run.interrupted", by=_signal_name(exc))
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
-        if self.options.rollback or not mended:
-            return self.result("completed" if mended else "failed")
+        if self.options.rollback:
+            return self.result("completed")
+        if not mended:
+            self.not_started("a compensation or finally task did not complete")
+            return self.result("failed")
         in_scope = [self.statuses[i] for i in self.selection.scope]
         outcome = "completed" if all(s.done for s in in_scope) else "failed"
         if self.gates and not {Status.FAILED, Status.BLOCKED, Status.INTERRUPTED} & set(in_scope):
@@ -223,7 +227,20 @@ class Runner:
                 not_started=len(waiting),
                 hint="--keep-going runs what does not depend on the failure",
             )
+        if self.stopped_by:
+            how = "was blocked" if self.statuses[self.stopped_by] is Status.BLOCKED else "failed"
+            self.not_started(f"the run stopped after {self.stopped_by} {how}")
+        elif self.gates:
+            self.not_started(f"the run waits for approval of {', '.join(self.gates)}")
         return self.result(outcome)
+
+    def not_started(self, why: str) -> None:
+        """As the run ends (before its compensations and `finally` tasks): the steps in scope it
+        left pending say why now; a wait it noted, or an earlier run's reason, is over."""
+        if self.options.rollback:  # runs no step: theirs are what the rollback made them
+            return
+        pending = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
+        self.store.note_not_started(sorted(pending), f"not started: {why}")
 
     def read_todos(self) -> None:
         """The store's rows and statuses, as the run starts (or after compensations)."""
@@ -347,6 +364,8 @@ class Runner:
                         self.wait_for(task, short, held, running.values())
                         continue
                     held.update(want)
+                    if self.waiting.pop(task.id, None) is not None:  # its wait is over
+                        self.store.note_reason(task.id, None)
                     if any(n not in self.plan.resources for n in task.spec.resources):
                         with self.lease_lock:
                             self.lease_turns.append(task.id)

@@ -292,16 +292,21 @@ def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
             kind: shell
             needs: stop_prod
             params: {{command: "[ -e {pdir.root}/good ]"}}
+          - {{id: notes, kind: shell, params: {{command: "true"}}}}
     """)
     assert run_orch("run", plan).returncode == 1  # bench failed; the restore failed too
     tasks = board(plan)
     assert tasks["restore_prod"]["status"] == "failed"
     assert tasks["stop_prod"]["status"] == "completed"  # not undone: its undo did not complete
+    assert tasks["notes"]["reason"] == "not started: the run stopped after bench failed"
     (pdir.root / "good").touch()
     r = run_orch("run", plan)  # the restore is due, fails again: nothing of the plan runs
     assert r.returncode == 1
     assert started_in(pdir, 2) == ["restore_prod"]
     assert "the plan's steps did not run" in r.stderr
+    assert board(plan)["notes"]["reason"] == (
+        "not started: a compensation or finally task did not complete"
+    )
     (pdir.root / "unit").touch()
     r = run_orch("rollback", plan)
     assert r.returncode == 0, r.stderr
