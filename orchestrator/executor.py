@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from . import approvals, redact, registry, runlog
-from .board import summarize
+from .board import approve_command, summarize
 from .confine import confine
 from .containment import jail
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING, TaskError, TaskTimeout, TemplateError
@@ -217,7 +217,7 @@ class Runner:
             self.log.warning(
                 "run.waiting",
                 gates=", ".join(self.gates),
-                hint=f"orch approve {self.plan.file} {self.gates[0]}, then run again",
+                hint=f"{self.approve_command(self.gates[0])}, then run again",
             )
         waiting = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
         if self.stopped_by and waiting:
@@ -609,9 +609,14 @@ class Runner:
         why = f"approve: {params.get('message', '')}" + (f" ({shown})" if shown else "")
         if verdict.void:
             why += f"; {verdict.void}"
-        self.settle(task, Status.WAITING, why + f" · orch approve {self.plan.file} {task.id}")
+        self.settle(task, Status.WAITING, f"{why} · {self.approve_command(task.id)}")
         self.gates.append(task.id)
         return None
+
+    def approve_command(self, gate: str) -> str:
+        """What a person types to approve `gate` for this run (its plan file and vars)."""
+        argv = redact.mask(shlex.join(self.options.argv))
+        return approve_command(gate, str(self.plan.file), argv)
 
     def attempt(
         self,

@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import signal
 import socket
 from pathlib import Path
@@ -433,6 +434,45 @@ def test_a_run_stops_at_the_gate_until_approved(pdir: PlanDir) -> None:
     assert found["approved_by"]["value"] == record["by"]
     assert found["approved_by"]["note"] == "maintenance window"
     assert found["base_tok_s"]["value"] == 980
+
+
+def test_the_board_says_whole_what_to_type_at_a_gate(pdir: PlanDir) -> None:
+    """The gate's row is cut to the width; under the board, the command to approve it, whole:
+    the plan as the run was given it and the run's --var options (the approval is of the
+    plan those make). Typed as shown, it lets the same run pass the gate."""
+    pdir.write("""
+        name: t
+        vars: {n: 1, token: {default: "", secret: true}}
+        tasks:
+          - {id: measure, kind: shell, params: {command: "echo ${vars.n}"}}
+          - id: confirm
+            kind: approve
+            needs: measure
+            params: {message: stop the production vLLM server now that the benchmark is done?}
+          - {id: stop, kind: shell, needs: confirm, params: {command: "true"}}
+    """)
+    r = run_orch("run", "plan.yaml", "--var", "n=2", cwd=pdir.root, env={"COLUMNS": "100"})
+    assert r.returncode == 4, r.stderr
+    (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith(" ? confirm")]
+    assert row.endswith("…") and "orch approve" not in row  # the board's width cut it
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("confirm ")]
+    assert line == "confirm waits for approval: orch approve plan.yaml confirm --var n=2"
+    assert len(line) <= 100
+    tasks = board(pdir.root / "plan.yaml")
+    assert tasks["stop"]["reason"] == "not started: the run waits for approval of confirm"
+    assert str(tasks["confirm"]["reason"]).endswith(" · orch approve plan.yaml confirm --var n=2")
+    assert "orch approve plan.yaml confirm --var n=2, then run again" in r.stderr
+    typed = shlex.split(line.partition(": ")[2])
+    assert run_orch(*typed[1:], cwd=pdir.root).returncode == 0
+    assert run_orch("run", "plan.yaml", "--var", "n=2", cwd=pdir.root).returncode == 0
+    assert "confirm waits" not in run_orch("status", "plan.yaml", cwd=pdir.root).stdout
+    # Another store, a secret var: its value is never written, so it is named, not shown.
+    r = run_orch("run", "plan.yaml", "--var=token=s3cr3t", "--store", "b.db", cwd=pdir.root)
+    assert r.returncode == 4 and "s3cr3t" not in r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        "confirm waits for approval: orch approve plan.yaml confirm --store b.db"
+        " (and the run's secret --var values)"
+    )
 
 
 def test_an_edited_plan_or_changed_findings_void_the_approval(pdir: PlanDir) -> None:
