@@ -73,7 +73,7 @@ class RunOptions:
 
 @dataclass
 class RunResult:
-    run_id: int
+    run_id: int | None  # None: nothing to do, no run recorded (nothing_to_undo)
     outcome: str  # completed | failed | interrupted
     exit_code: int
     stale: dict[str, tuple[str, ...]]
@@ -99,6 +99,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         )
         store.bind_plan(plan.name)
         dead = close_dead_runs(store, holding_lock=True)
+        if options.rollback and not store.armed() and not store.held():
+            return nothing_to_undo(store, plan, options, dead)
         run_id = store.next_run_id()
         log_dir = runs_dir(store_path) / str(run_id)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +134,20 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.close()
         if events is not None:
             events.close()
+
+
+def nothing_to_undo(store: Store, plan: Plan, options: RunOptions, dead: list[str]) -> RunResult:
+    """`orch rollback` with nothing armed and nothing left running: no run is recorded (the
+    board's header stays the last real run's, or `never run`); the plan's tasks are on the
+    board all the same. Said on the console, live board or not: it draws nothing this fast."""
+    store.sync_plan(todo_specs(plan), None)
+    level = min(options.console_level, "warning", key=lambda name: runlog.LEVELS[name])
+    runlog.configure(None, level)
+    log = structlog.get_logger()
+    for why in dead:
+        log.warning("recovered", why=why)
+    log.warning("rollback.nothing", why="nothing is armed: nothing to undo")
+    return RunResult(None, "completed", EXIT_OK, {})
 
 
 class Runner:

@@ -320,6 +320,28 @@ def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
     assert trail(pdir) == ["stop", "restore", "stop"]
 
 
+def test_a_rollback_with_nothing_to_undo_records_no_run(pdir: PlanDir) -> None:
+    """Nothing armed, nothing left running: `orch rollback` says so and records no run, so
+    the board's header is not a "completed" run above a failed task (or all pending)."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "exit 1"}}
+          - {id: b, kind: shell, needs: a, params: {command: "true"}}
+    """)
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0, r.stderr
+    assert "nothing is armed: nothing to undo" in r.stderr
+    assert " · never run · " in r.stdout.splitlines()[0] and "2 pending" in r.stdout
+    assert run_orch("run", plan).returncode == 1
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0 and "nothing is armed: nothing to undo" in r.stderr
+    assert r.stdout.startswith("t · run #1 failed "), r.stdout
+    with pdir.db() as db:
+        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    assert json.loads(run_orch("status", plan, "--json").stdout)["run"]["outcome"] == "failed"
+
+
 def test_a_compensation_the_user_turned_off_is_skipped_and_undoes_nothing(pdir: PlanDir) -> None:
     plan = migration(pdir)
     r = run_orch("run", plan, "--var", "restore=false")
