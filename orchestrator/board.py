@@ -5,6 +5,7 @@ Reads plain rows; imports nothing heavy, so `orch status` starts fast.
 
 from __future__ import annotations
 
+import shlex
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -14,6 +15,7 @@ from typing import Any
 from .durations import format_duration
 from .findings import Finding
 from .guards import note as guard_text
+from .redact import MASK
 from .status import TODOWRITE, Status
 from .terminal import clean, plural, terminal_width
 
@@ -150,7 +152,40 @@ def render_board(
             ]
             if r["log_path"]:
                 lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
+    ran = (run["plan_file"], run["argv"]) if run is not None else (None, None)
+    for r in rows:  # what to type, whole: the gate's reason above is cut to the width
+        if r["status"] == Status.WAITING:
+            lines.append(
+                paint(f"{r['id']} waits for approval: {approve_command(r['id'], *ran)}", "33")
+            )
     return "\n".join(lines)
+
+
+# The options of the run that `orch approve` needs as well: the same vars make the same plan
+# (the approval is of its hash), the same store is where the approval goes.
+SAME_OPTIONS = ("--var", "--vars-file", "--store")
+
+
+def approve_command(gate: str, plan_file: str | None, argv: str | None) -> str:
+    """`orch approve PLAN GATE`: the plan file as the run was given it, with the run's --var,
+    --vars-file and --store options from its (masked) command line `argv`; a secret var's
+    value, masked there, is named by a caveat instead."""
+    try:
+        words = shlex.split(argv or "")
+    except ValueError:
+        words = []
+    same: list[str] = []
+    secret = False
+    rest = iter(words)
+    for word in rest:
+        name, eq, given = word.partition("=")
+        if name in SAME_OPTIONS and (value := given if eq else next(rest, None)) is not None:
+            if MASK in value:
+                secret = True
+            else:
+                same += [name, value]
+    command = shlex.join(["orch", "approve", plan_file or "PLAN", gate, *same])
+    return command + (" (and the run's secret --var values)" if secret else "")
 
 
 def role(row: sqlite3.Row) -> str | None:

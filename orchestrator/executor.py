@@ -30,7 +30,7 @@ from typing import Any
 import structlog
 
 from . import approvals, redact, registry, runlog
-from .board import summarize
+from .board import approve_command, summarize
 from .confine import confine
 from .containment import jail
 from .errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING, TaskError, TaskTimeout, TemplateError
@@ -73,7 +73,7 @@ class RunOptions:
 
 @dataclass
 class RunResult:
-    run_id: int
+    run_id: int | None  # None: nothing to do, no run recorded (nothing_to_undo)
     outcome: str  # completed | failed | interrupted
     exit_code: int
     stale: dict[str, tuple[str, ...]]
@@ -101,6 +101,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         )
         store.bind_plan(plan.name)
         dead = close_dead_runs(store, holding_lock=True)
+        if options.rollback and not store.armed() and not store.held():
+            return nothing_to_undo(store, plan, options, dead)
         run_id = store.next_run_id()
         log_dir = runs_dir(store_path) / str(run_id)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -134,6 +136,20 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.close()
         if events is not None:
             events.close()
+
+
+def nothing_to_undo(store: Store, plan: Plan, options: RunOptions, dead: list[str]) -> RunResult:
+    """`orch rollback` with nothing armed and nothing left running: no run is recorded (the
+    board's header stays the last real run's, or `never run`); the plan's tasks are on the
+    board all the same. Said on the console, live board or not: it draws nothing this fast."""
+    store.sync_plan(todo_specs(plan), None)
+    level = min(options.console_level, "warning", key=lambda name: runlog.LEVELS[name])
+    runlog.configure(None, level)
+    log = structlog.get_logger()
+    for why in dead:
+        log.warning("recovered", why=why)
+    log.warning("rollback.nothing", why="nothing is armed: nothing to undo")
+    return RunResult(None, "completed", EXIT_OK, {})
 
 
 class Runner:
@@ -202,12 +218,16 @@ class Runner:
             held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
             try:
                 self.store.close_run(self.run_id, "interrupted", f"stopped by {_signal_name(exc)}")
+                self.not_started(f"the run was stopped by {_signal_name(exc)}")
                 self.log.error("run.interrupted", by=_signal_name(exc))
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
-        if self.options.rollback or not mended:
-            return self.result("completed" if mended else "failed")
+        if self.options.rollback:
+            return self.result("completed")
+        if not mended:
+            self.not_started("a compensation or finally task did not complete")
+            return self.result("failed")
         in_scope = [self.statuses[i] for i in self.selection.scope]
         outcome = "completed" if all(s.done for s in in_scope) else "failed"
         if self.gates and not {Status.FAILED, Status.BLOCKED, Status.INTERRUPTED} & set(in_scope):
@@ -215,7 +235,7 @@ class Runner:
             self.log.warning(
                 "run.waiting",
                 gates=", ".join(self.gates),
-                hint=f"orch approve {self.plan.file} {self.gates[0]}, then run again",
+                hint=f"{self.approve_command(self.gates[0])}, then run again",
             )
         waiting = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
         if self.stopped_by and waiting:
@@ -225,7 +245,20 @@ class Runner:
                 not_started=len(waiting),
                 hint="--keep-going runs what does not depend on the failure",
             )
+        if self.stopped_by:
+            how = "was blocked" if self.statuses[self.stopped_by] is Status.BLOCKED else "failed"
+            self.not_started(f"the run stopped after {self.stopped_by} {how}")
+        elif self.gates:
+            self.not_started(f"the run waits for approval of {', '.join(self.gates)}")
         return self.result(outcome)
+
+    def not_started(self, why: str) -> None:
+        """As the run ends (before its compensations and `finally` tasks): the steps in scope it
+        left pending say why now; a wait it noted, or an earlier run's reason, is over."""
+        if self.options.rollback:  # runs no step: theirs are what the rollback made them
+            return
+        pending = [i for i in self.selection.scope if self.statuses[i] is Status.PENDING]
+        self.store.note_not_started(sorted(pending), f"not started: {why}")
 
     def read_todos(self) -> None:
         """The store's rows and statuses, as the run starts (or after compensations)."""
@@ -349,6 +382,8 @@ class Runner:
                         self.wait_for(task, short, held, running.values())
                         continue
                     held.update(want)
+                    if self.waiting.pop(task.id, None) is not None:  # its wait is over
+                        self.store.note_reason(task.id, None)
                     if any(n not in self.plan.resources for n in task.spec.resources):
                         with self.lease_lock:
                             self.lease_turns.append(task.id)
@@ -592,9 +627,14 @@ class Runner:
         why = f"approve: {params.get('message', '')}" + (f" ({shown})" if shown else "")
         if verdict.void:
             why += f"; {verdict.void}"
-        self.settle(task, Status.WAITING, why + f" · orch approve {self.plan.file} {task.id}")
+        self.settle(task, Status.WAITING, f"{why} · {self.approve_command(task.id)}")
         self.gates.append(task.id)
         return None
+
+    def approve_command(self, gate: str) -> str:
+        """What a person types to approve `gate` for this run (its plan file and vars)."""
+        argv = redact.mask(shlex.join(self.options.argv))
+        return approve_command(gate, str(self.plan.file), argv)
 
     def attempt(
         self,

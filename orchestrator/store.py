@@ -1137,10 +1137,23 @@ class Store:
             (task_id, None if frm is None else str(frm), str(to), now, why, task_id),
         )
 
-    def note_reason(self, task_id: str, reason: str) -> None:
-        """Say why a task that has not started waits (no status change, no transition)."""
+    def note_reason(self, task_id: str, reason: str | None) -> None:
+        """Say why a task that has not started waits (no status change, no transition); None:
+        it waits no more."""
         with self._tx() as c:
             c.execute("UPDATE todos SET reason=? WHERE id=?", (reason, task_id))
+
+    def note_not_started(self, task_ids: Sequence[str], reason: str) -> None:
+        """As a run ends: why these tasks, if still pending, did not start in it (no status
+        change, no transition). What they said before (a wait that ended, an earlier run's
+        reset) is no longer why they are pending."""
+        if not task_ids:
+            return
+        with self._tx() as c:
+            c.executemany(
+                "UPDATE todos SET reason=? WHERE id=? AND status='pending' AND role IS NULL",
+                [(reason, task_id) for task_id in task_ids],
+            )
 
     def set_process(self, task_id: str, pgid: int | None, started_at: float | None) -> None:
         """Record the process group a task started, so a later run can end it if we die."""

@@ -123,6 +123,76 @@ def test_a_task_waits_for_its_resource_and_the_board_says_for_what(pdir: PlanDir
     assert spans(pdir)["next"][0] >= spans(pdir)["hold"][1]
 
 
+def test_a_pending_task_says_why_it_is_pending_now_not_what_it_waited_for(pdir: PlanDir) -> None:
+    """After a reset and a failed run, tasks the run did not start say so: not "reset by orch
+    reset", not the wait for a resource that the failed task no longer holds."""
+    ok = pdir.root / "ok"
+    plan = pdir.write(f"""
+        name: t
+        resources: {{disk: 1}}
+        tasks:
+          - id: a
+            kind: shell
+            resources: {{disk: 1}}
+            params: {{command: "sleep 0.5; test -e {ok}"}}
+          - {{id: b, kind: shell, resources: {{disk: 1}}, params: {{command: "true"}}}}
+          - {{id: c, kind: shell, needs: [b], params: {{command: "true"}}}}
+    """)
+    ok.touch()
+    assert run_orch("run", plan, "--jobs", "2").returncode == 0
+    assert run_orch("reset", plan, "--yes").returncode == 0
+    assert pdir.todo("c")["reason"] == "reset by orch reset"
+    ok.unlink()
+    runner = start_orch("run", plan, "--jobs", "2")
+    try:
+        wait_reason(pdir, "b", "waiting for disk (1 of 1 held) by a")
+        runner.communicate(timeout=30)
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+    assert runner.returncode == 1
+    assert pdir.statuses() == {"a": "failed", "b": "pending", "c": "pending"}
+    why = "not started: the run stopped after a failed"
+    assert pdir.todo("b")["reason"] == why and pdir.todo("c")["reason"] == why
+    board = run_orch("status", plan).stdout
+    assert "waiting for disk" not in board and "reset by" not in board, board
+
+
+def test_a_wait_for_a_resource_ends_on_the_board_when_it_ends(pdir: PlanDir) -> None:
+    """The resource is free, the task checks its preconditions (a wait of its own): the board
+    no longer says it waits for the resource."""
+    go, ready = pdir.root / "go", pdir.root / "ready"
+    plan = pdir.write(f"""
+        name: t
+        resources: {{disk: 1}}
+        tasks:
+          - id: a
+            kind: shell
+            resources: {{disk: 1}}
+            params: {{command: "until [ -e {go} ]; do sleep 0.05; done"}}
+          - id: b
+            kind: shell
+            resources: {{disk: 1}}
+            preconditions: [{{kind: command, command: "test -e {ready}", wait: 30s, every: 50ms}}]
+            params: {{command: "true"}}
+    """)
+    runner = start_orch("run", plan, "--jobs", "2")
+    try:
+        wait_reason(pdir, "b", "waiting for disk (1 of 1 held) by a")
+        go.touch()
+        wait_for(lambda: pdir.status_of("a") == "completed", what="a completed")
+        wait_for(lambda: pdir.todo("b")["reason"] is None, what="b's wait for disk over")
+        assert pdir.status_of("b") == "pending"  # its precondition is not met yet
+        ready.touch()
+        runner.communicate(timeout=30)
+        assert runner.returncode == 0
+    finally:
+        if runner.poll() is None:
+            runner.kill()
+            runner.communicate()
+
+
 def test_resources_are_validated_with_the_plan(pdir: PlanDir) -> None:
     plan = pdir.write("""
         name: t
@@ -193,6 +263,7 @@ def test_ctrl_c_ends_every_running_group(pdir: PlanDir) -> None:
     assert runner.returncode == 130
     statuses = pdir.statuses()
     assert sorted(statuses.values()) == ["interrupted"] * 3 + ["pending"]
+    assert pdir.todo("s3")["reason"] == "not started: the run was stopped by Ctrl-C"
     pids = [int(p) for p in pids_file.read_text().split()]
     assert not [p for p in pids if pid_alive(p)]
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import shlex
 import shutil
 import signal
 import socket
@@ -321,16 +322,21 @@ def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
             kind: shell
             needs: stop_prod
             params: {{command: "[ -e {pdir.root}/good ]"}}
+          - {{id: notes, kind: shell, params: {{command: "true"}}}}
     """)
     assert run_orch("run", plan).returncode == 1  # bench failed; the restore failed too
     tasks = board(plan)
     assert tasks["restore_prod"]["status"] == "failed"
     assert tasks["stop_prod"]["status"] == "completed"  # not undone: its undo did not complete
+    assert tasks["notes"]["reason"] == "not started: the run stopped after bench failed"
     (pdir.root / "good").touch()
     r = run_orch("run", plan)  # the restore is due, fails again: nothing of the plan runs
     assert r.returncode == 1
     assert started_in(pdir, 2) == ["restore_prod"]
     assert "the plan's steps did not run" in r.stderr
+    assert board(plan)["notes"]["reason"] == (
+        "not started: a compensation or finally task did not complete"
+    )
     (pdir.root / "unit").touch()
     r = run_orch("rollback", plan)
     assert r.returncode == 0, r.stderr
@@ -341,6 +347,28 @@ def test_a_compensation_that_fails_first_stops_the_run_and_rollback_retries_it(
     assert r.returncode == 0 and started_in(pdir, 4) == []  # nothing armed: nothing to undo
     assert run_orch("run", plan).returncode == 0
     assert trail(pdir) == ["stop", "restore", "stop"]
+
+
+def test_a_rollback_with_nothing_to_undo_records_no_run(pdir: PlanDir) -> None:
+    """Nothing armed, nothing left running: `orch rollback` says so and records no run, so
+    the board's header is not a "completed" run above a failed task (or all pending)."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "exit 1"}}
+          - {id: b, kind: shell, needs: a, params: {command: "true"}}
+    """)
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0, r.stderr
+    assert "nothing is armed: nothing to undo" in r.stderr
+    assert " · never run · " in r.stdout.splitlines()[0] and "2 pending" in r.stdout
+    assert run_orch("run", plan).returncode == 1
+    r = run_orch("rollback", plan)
+    assert r.returncode == 0 and "nothing is armed: nothing to undo" in r.stderr
+    assert r.stdout.startswith("t · run #1 failed "), r.stdout
+    with pdir.db() as db:
+        assert db.execute("SELECT count(*) FROM runs").fetchone()[0] == 1
+    assert json.loads(run_orch("status", plan, "--json").stdout)["run"]["outcome"] == "failed"
 
 
 def test_a_compensation_the_user_turned_off_is_skipped_and_undoes_nothing(pdir: PlanDir) -> None:
@@ -457,6 +485,45 @@ def test_a_run_stops_at_the_gate_until_approved(pdir: PlanDir) -> None:
     assert found["approved_by"]["value"] == record["by"]
     assert found["approved_by"]["note"] == "maintenance window"
     assert found["base_tok_s"]["value"] == 980
+
+
+def test_the_board_says_whole_what_to_type_at_a_gate(pdir: PlanDir) -> None:
+    """The gate's row is cut to the width; under the board, the command to approve it, whole:
+    the plan as the run was given it and the run's --var options (the approval is of the
+    plan those make). Typed as shown, it lets the same run pass the gate."""
+    pdir.write("""
+        name: t
+        vars: {n: 1, token: {default: "", secret: true}}
+        tasks:
+          - {id: measure, kind: shell, params: {command: "echo ${vars.n}"}}
+          - id: confirm
+            kind: approve
+            needs: measure
+            params: {message: stop the production vLLM server now that the benchmark is done?}
+          - {id: stop, kind: shell, needs: confirm, params: {command: "true"}}
+    """)
+    r = run_orch("run", "plan.yaml", "--var", "n=2", cwd=pdir.root, env={"COLUMNS": "100"})
+    assert r.returncode == 4, r.stderr
+    (row,) = [ln for ln in r.stdout.splitlines() if ln.startswith(" ? confirm")]
+    assert row.endswith("…") and "orch approve" not in row  # the board's width cut it
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.startswith("confirm ")]
+    assert line == "confirm waits for approval: orch approve plan.yaml confirm --var n=2"
+    assert len(line) <= 100
+    tasks = board(pdir.root / "plan.yaml")
+    assert tasks["stop"]["reason"] == "not started: the run waits for approval of confirm"
+    assert str(tasks["confirm"]["reason"]).endswith(" · orch approve plan.yaml confirm --var n=2")
+    assert "orch approve plan.yaml confirm --var n=2, then run again" in r.stderr
+    typed = shlex.split(line.partition(": ")[2])
+    assert run_orch(*typed[1:], cwd=pdir.root).returncode == 0
+    assert run_orch("run", "plan.yaml", "--var", "n=2", cwd=pdir.root).returncode == 0
+    assert "confirm waits" not in run_orch("status", "plan.yaml", cwd=pdir.root).stdout
+    # Another store, a secret var: its value is never written, so it is named, not shown.
+    r = run_orch("run", "plan.yaml", "--var=token=s3cr3t", "--store", "b.db", cwd=pdir.root)
+    assert r.returncode == 4 and "s3cr3t" not in r.stdout + r.stderr
+    assert r.stdout.splitlines()[-1] == (
+        "confirm waits for approval: orch approve plan.yaml confirm --store b.db"
+        " (and the run's secret --var values)"
+    )
 
 
 def test_an_edited_plan_or_changed_findings_void_the_approval(pdir: PlanDir) -> None:

@@ -391,6 +391,32 @@ def test_a_killed_run_leaves_its_server_to_the_next_run_which_ends_it(tmp_path: 
     assert pd.statuses() == {"launch": "completed", "wait": "completed"}
 
 
+def test_a_rollback_with_nothing_armed_still_ends_a_killed_runs_server(tmp_path: Path) -> None:
+    """Nothing to undo but a server left running: `orch rollback` ends it (a run recorded)."""
+    pd = PlanDir(tmp_path)
+    flag = tmp_path / "go"
+    extra = f"""
+      - id: wait
+        kind: shell
+        needs: [launch]
+        params: {{command: "until test -f {flag}; do sleep 0.1; done"}}
+    """
+    plan = pd.write(stub_plan(free_port(), extra=extra))
+    orch = start_orch("run", plan, cwd=tmp_path)
+    wait_for(lambda: pd.status_of("wait") == "in_progress", timeout=30, what="wait running")
+    os.killpg(orch.pid, signal.SIGKILL)
+    orch.communicate()
+    first = marked_processes(tmp_path, "ORCH_SERVER=launch@1:")
+    assert first
+    r = run_orch("rollback", plan, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "left running by an earlier run" in r.stderr
+    assert not any(pid_alive(pid) for pid in first)
+    assert r.stdout.startswith("t · run #2 completed"), r.stdout
+    flag.touch()  # a task's leftover is the next `orch run`'s to end (end_leftovers)
+    wait_for(lambda: not marked_processes(tmp_path, "ORCH_TASK=1:wait:"), what="wait's end")
+
+
 def test_a_server_process_that_leaves_its_group_is_ended_too(tmp_path: Path) -> None:
     """`setsid` takes a process out of the group, not out of the environment marker."""
     pd = PlanDir(tmp_path)
