@@ -13,6 +13,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
 
+from .durations import format_seconds
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
 from .process import LOG_LIMIT, terminate_group
@@ -30,7 +31,7 @@ class ShellParams(BaseModel):
     env: dict[str, str] = {}
     cwd: str | None = None
     success_codes: list[int] = [0]
-    grace: float = Field(10.0, description="seconds between SIGTERM and SIGKILL")
+    grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     log_limit: Annotated[int, BeforeValidator(parse_size)] = Field(
         LOG_LIMIT, gt=0, description="most output kept in the task log (64MiB): head and tail"
     )
@@ -124,7 +125,7 @@ def _alarm(seconds: float | None) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: object) -> None:
-        raise TaskTimeout(f"timed out after {seconds:.0f}s")
+        raise TaskTimeout(f"timed out after {format_seconds(seconds)}")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
@@ -139,7 +140,7 @@ class CommandParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: str = Field(description="run by `bash -c`; exit 0 means the condition holds")
-    timeout: float = 60.0
+    timeout: float = Field(60.0, gt=0, description="seconds the command may take")
 
 
 class CommandSucceeds(Precondition[CommandParams]):
@@ -163,7 +164,9 @@ class CommandSucceeds(Precondition[CommandParams]):
         try:
             output, _ = proc.communicate(timeout=self.params.timeout)
         except subprocess.TimeoutExpired:
-            return CheckResult(False, f"`{cmd}` did not finish in {self.params.timeout:.0f}s")
+            return CheckResult(
+                False, f"`{cmd}` did not finish in {format_seconds(self.params.timeout)}"
+            )
         finally:  # on a timeout or Ctrl-C too: nothing the check started outlives it
             terminate_group(proc.pid, grace=2.0, leader=proc)
             proc.communicate()

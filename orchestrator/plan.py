@@ -62,11 +62,34 @@ def _stall_after(seconds: float) -> float:
 StallAfter = Annotated[Duration, AfterValidator(_stall_after)]
 
 
+def _timeout(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError(
+            "0s would end every attempt as it starts: give a positive duration (e.g. 30s), "
+            "or leave it out for no limit"
+        )
+    return seconds
+
+
+def _poll_every(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("polling every 0s would run the check back to back: e.g. `every: 2s`")
+    return seconds
+
+
+# Durations that must be positive. The others may be 0: `retries.delay: 0` retries at once,
+# `wait: 0` checks once (as no `wait` does); `stall_after` has its own floor (StallAfter).
+# A task's time limit: 0 would fail every attempt as it starts ("timed out after 0s").
+Timeout = Annotated[Duration, AfterValidator(_timeout)]
+# A precondition's poll interval while it waits: 0 would re-run the check in a busy loop.
+PollEvery = Annotated[Duration, AfterValidator(_poll_every)]
+
+
 class Retries(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     attempts: int = Field(1, ge=1, le=100, description="tries in all, the first included")
-    delay: Duration = Field(0.0, description="wait between tries")
+    delay: Duration = Field(0.0, description="wait between tries (0: at once)")
 
 
 class TaskSpec(BaseModel):
@@ -83,7 +106,7 @@ class TaskSpec(BaseModel):
     needs: Annotated[list[str], BeforeValidator(as_list)] = Field(default_factory=list)
     preconditions: list[dict[str, Any]] = Field(default_factory=list)
     when: bool | str | None = None
-    timeout: Duration | None = None
+    timeout: Timeout | None = None
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
         default_factory=lambda: Retries()
     )
@@ -111,7 +134,7 @@ class CheckSpec(BaseModel):
 
     kind: str
     wait: Duration | None = Field(None, description="poll until it holds, up to this long")
-    every: Duration = Field(2.0, description="seconds between polls while waiting")
+    every: PollEvery = Field(2.0, description="seconds between polls while waiting")
 
 
 class PlanHeader(BaseModel):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.builtins import _alarm
 from orchestrator.cli import cli
 from orchestrator.durations import parse_duration
-from orchestrator.errors import PlanError, PlanIssue, TemplateError
+from orchestrator.errors import PlanError, PlanIssue, TaskTimeout, TemplateError
 from orchestrator.plan import Plan, load_plan, parse_var, what_changed
 from orchestrator.templating import Ref, compile_when, evaluate_when, iter_refs, parse_ref, resolve
 
@@ -831,6 +833,63 @@ def test_unreadable_plan(tmp_path: Path) -> None:
     issues = errors(tmp_path / "missing.yaml")
     assert len(issues) == 1 and issues[0].line is None
     assert "cannot read the plan" in issues[0].message
+
+
+# --- a newcomer's mistakes: plain sentences, not pydantic's ---------------------------------------
+
+
+def test_a_timeout_must_be_positive_other_durations_may_be_zero(tmp_path: Path) -> None:
+    """`timeout: 0s` would fail every attempt as it starts, and `every: 0` would poll in a busy
+    loop: both refused on their line, as are a negative `grace` and a `command` check's
+    `timeout: 0`. `retries.delay: 0` (retry at once) and `wait: 0` (check once) mean something
+    and load."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "true"}, timeout: 0s}  # <-E1
+          - {id: b, kind: shell, params: {command: "true"}, timeout: 0}  # <-E2
+          - {id: c, kind: shell, params: {command: "true"}, timeout: 0ms}  # <-E3
+          - id: d
+            kind: shell
+            params: {command: "true"}
+            timeout: 0.1
+            retries: {attempts: 2, delay: 0}
+            preconditions:
+              - {kind: command, command: "true", wait: 0, every: 0}  # <-E4
+              - {kind: command, command: "true", wait: 0, every: 0.5}
+          - id: e
+            kind: shell
+            params: {command: "true", grace: -1}  # <-E5
+            preconditions: [{kind: command, command: "true", timeout: 0}]  # <-E6
+    """,
+    )
+    issues = errors(path)
+    assert len(issues) == 6, issues
+    for marker in ("E1", "E2", "E3"):
+        expect(issues, line_of(path, f"# <-{marker}"), "timeout: 0s would end every attempt")
+    expect(issues, line_of(path, "# <-E4"), "every: polling every 0s would run the check back")
+    expect(issues, line_of(path, "# <-E5"), "param 'grace'", "greater than or equal to 0")
+    expect(issues, line_of(path, "# <-E6"), "param 'timeout'", "greater than 0")
+    path.write_text(path.read_text().replace("every: 0}", "every: 1}").replace("grace: -1", ""))
+    path.write_text(path.read_text().replace("timeout: 0}", "timeout: 1}"))
+    path.write_text(re.sub(r"timeout: 0\w*}", "timeout: 1}", path.read_text()))
+    plan = load_plan(path)
+    assert plan.by_id["d"].spec.timeout == 0.1 and plan.by_id["d"].spec.retries.delay == 0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(0.1, "100ms"), (0.0004, "0ms"), (0.9996, "1s"), (1.5, "1.5s"), (3.0, "3s"), (90, "90s")],
+)
+def test_a_timeout_under_a_second_is_said_in_milliseconds(seconds: float, said: str) -> None:
+    """A python task's timeout message names the time it had: `timed out after 100ms` for a
+    0.1s timeout, not `0s` (a shell task's: test_run.py)."""
+    # The alarm is not waited for: its handler is called at once.
+    with pytest.raises(TaskTimeout) as info, _alarm(seconds):
+        signal.raise_signal(signal.SIGALRM)
+    assert str(info.value) == f"timed out after {said}"
 
 
 # --- all at once ---------------------------------------------------------------------------------
