@@ -568,7 +568,11 @@ def test_bad_task_id(tmp_path: Path) -> None:
         tmp_path,
         "name: t\ntasks:\n  - id: a b  # <-E\n    kind: shell\n    params: {command: 'true'}\n",
     )
-    only(path, "# <-E", "task 'a b'", "id", "should match pattern")
+    only(
+        path,
+        "# <-E",
+        "task 'a b': id: an id is letters, digits, `_` and `-`, not starting with `-` (got 'a b')",
+    )
 
 
 # --- references and `when` -----------------------------------------------------------------------
@@ -792,9 +796,10 @@ def test_precondition_errors(tmp_path: Path) -> None:
         ("", None, ["a plan is a mapping"]),
         ("name: t\n", 1, ["tasks", "needs at least one task"]),
         ("name: t\ntasks: []\n", 2, ["tasks", "needs at least one task"]),
-        ("name: t\ntasks: {a: 1}\n", 2, ["tasks", "valid list"]),
-        ("name: t\ntasks: 5\n", 2, ["tasks", "valid list"]),
-        ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["vars", "valid dictionary"]),
+        ("name: t\ntasks: {a: 1}\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\ntasks: 5\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\ntasks: x\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["`vars` is a mapping"]),
         (
             "name: t\ntask: []\ntasks: [{id: a, kind: shell, params: {command: x}}]\n",
             2,
@@ -824,7 +829,12 @@ def test_bad_name_does_not_hide_task_errors(tmp_path: Path) -> None:
     )
     issues = errors(path)
     assert len(issues) == 2, issues
-    expect(issues, line_of(path, "# <-E1"), "name", "should match pattern")
+    expect(
+        issues,
+        line_of(path, "# <-E1"),
+        "name: a name is letters, digits, `_`, `-` and `.`, starting with a letter or digit "
+        "(got 'my plan')",
+    )
     expect(issues, line_of(path, "# <-E2"), "unknown task kind 'nope'")
 
 
@@ -892,6 +902,45 @@ def test_a_timeout_under_a_second_is_said_in_milliseconds(seconds: float, said: 
     assert str(info.value) == f"timed out after {said}"
 
 
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [
+        ('"fetch"', "a task is a mapping with at least `id` and `kind`"),
+        ("[a, shell]", "a task is a mapping with at least `id` and `kind`"),
+        (
+            '{id: "x y", kind: shell}',
+            "id: an id is letters, digits, `_` and `-`, not starting with `-` (got 'x y')",
+        ),
+        ("{id: -a, kind: shell}", "(got '-a')"),
+        (
+            "{id: a, kind: shell, priority: med}",
+            "priority: 'med' is not one of high, medium or low (did you mean 'medium'?)",
+        ),
+        (
+            "{id: a, kind: shell, on_stall: wiat, stall_after: 5s}",
+            "on_stall: 'wiat' is not one of wait, fail or restart (did you mean 'wait'?)",
+        ),
+        ("{id: a, kind: shell, preconditions: [x]}", "a precondition is a mapping with at least"),
+        ("{id: a, kind: shell, retries: often}", "`retries` is a number of tries, or a mapping"),
+        ("{id: a, kind: shell, on_failure: undo}", "`on_failure` is a task (a mapping with"),
+        (
+            '{id: a, kind: shell, resources: {"disk heavy": 1}}',
+            "resources: a name is letters, digits, `_` and `-`, not starting with `-` "
+            "(got 'disk heavy')",
+        ),
+    ],
+)
+def test_shape_mistakes_are_told_in_plain_words(tmp_path: Path, task: str, words: str) -> None:
+    """A task that is not a mapping, a bad id, `priority: med` (the board's abbreviation):
+    one sentence in the plan's words, on the task's line, and no pydantic wording."""
+    task = task.replace("kind: shell", 'kind: shell, params: {command: "true"}')
+    path = write(tmp_path, f"name: t\ntasks:\n  - {task}  # <-E\n")
+    issues = errors(path)
+    assert len(issues) == 1, issues
+    expect(issues, line_of(path, "# <-E"), words)
+    assert not any("Input should" in i.message or "should match" in i.message for i in issues)
+
+
 # --- all at once ---------------------------------------------------------------------------------
 
 
@@ -937,7 +986,7 @@ def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
         "task": ["task 'report'", "no task 'probe'"],
         "upstream": ["'other' is not among the needs of 'report'"],
         "when": ["task 'report'", "`when` is not a valid condition"],
-        "priority": ["task 'other'", "priority", "'high', 'medium' or 'low'"],
+        "priority": ["task 'other'", "priority", "'urgent' is not one of high, medium or low"],
     }
     for marker, words in expected.items():
         expect(issues, line_of(path, f"# <-{marker}"), *words)
@@ -984,7 +1033,7 @@ def test_broken_needs_do_not_fake_upstream_errors(tmp_path: Path) -> None:
             params: {command: "echo ${tasks.probe.findings.k}"}
     """,
     )
-    only(path, "# <-E", "task 'mid'", "needs", "valid list")
+    only(path, "# <-E", "task 'mid'", "`needs` is a task id or a list of them")
 
 
 # --- --var overrides -----------------------------------------------------------------------------
