@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
 from .durations import format_seconds
 from .errors import TaskError, TaskTimeout
@@ -66,6 +67,33 @@ class PythonParams(BaseModel):
     function: str = Field(description="module:function, called with `args` as keywords")
     # A factory, not `= {}`: pydantic deep-copies a mutable default at every validation.
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("function")
+    @classmethod
+    def _findable(cls, target: str, info: ValidationInfo) -> str:
+        """`module:function`, both names Python could import; when the plan is validated
+        (its loader passes `plan_file`), the module must be found, as the run would look:
+        from the plan's folder (on sys.path while the plan loads), then sys.path."""
+        module, _, name = target.partition(":")
+        if not (name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
+            raise ValueError(f"{target!r} is not module:function (e.g. mypkg.tools:main)")
+        plan_file = (info.context or {}).get("plan_file")
+        if plan_file is not None and not _module_found(module):
+            top = module.partition(".")[0]
+            raise ValueError(
+                f"module {top!r} not found (searched from {plan_file}'s folder and sys.path)"
+            )
+        return target
+
+
+def _module_found(module: str) -> bool:
+    """Whether the top-level package of `module` can be found, without running any of it.
+    Only the top level: finding `pkg.sub` imports `pkg` (its __init__ runs), and validating a
+    plan runs none of the user's code; a missing `sub` shows when the task runs."""
+    try:
+        return importlib.util.find_spec(module.partition(".")[0]) is not None
+    except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
+        return True
 
 
 class PythonTask(Task[PythonParams]):

@@ -866,7 +866,9 @@ def _validate_params(
         }
         # A deferred param's name is still checked now: a typo must not wait for run time.
         view |= {k: None for k in deferred if k not in cls.Params.model_fields}
-        cls.Params.model_validate(view)
+        # `plan_file` tells a kind's validators that a plan is being checked (builtins'
+        # `python` then looks for its module).
+        cls.Params.model_validate(view, context={"plan_file": Path(src.file).name})
     except ValidationError as exc:
         fields = list(cls.Params.model_fields)
         for e in exc.errors():

@@ -256,6 +256,7 @@ def test_spec_hashes_are_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     """The hashes (and one fingerprint as stored) of a plan with merges, a secret, typed YAML
     values, preconditions, `when` and guards, as computed before loading was sped up."""
     monkeypatch.delenv("ORCH_PIN_UNSET_TOKEN", raising=False)
+    (tmp_path / "bench_noop.py").write_text("def noop(**kwargs):\n    pass\n")  # found, not run
     plan = load_plan(write(tmp_path, PINNED))
     assert {t.id: t.spec_hash for t in [*plan.tasks, *plan.guards]} == {
         "fetch": "a1ddaf209ccc9dc0",
@@ -941,6 +942,62 @@ def test_shape_mistakes_are_told_in_plain_words(tmp_path: Path, task: str, words
     assert not any("Input should" in i.message or "should match" in i.message for i in issues)
 
 
+def test_a_python_task_s_module_must_be_findable(tmp_path: Path) -> None:
+    """`function: nosuchmod:fn` is refused at validation, not at run time; `module:function`
+    is its shape."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "nosuchmod:fn"}}  # <-E1
+          - {id: b, kind: python, params: {function: "nosuchpkg.sub:fn"}}  # <-E2
+          - {id: c, kind: python, params: {function: "json"}}  # <-E3
+          - {id: d, kind: python, params: {function: "json:loads"}}
+    """,
+    )
+    issues = errors(path)
+    assert len(issues) == 3, issues
+    expect(
+        issues,
+        line_of(path, "# <-E1"),
+        "task 'a': param 'function': module 'nosuchmod' not found "
+        "(searched from plan.yaml's folder and sys.path)",
+    )
+    expect(issues, line_of(path, "# <-E2"), "module 'nosuchpkg' not found")
+    expect(issues, line_of(path, "# <-E3"), "'json' is not module:function")
+
+
+def test_a_python_task_s_module_is_found_from_the_plan_s_folder_and_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module is looked for as the run imports it (the plan's folder first, wherever orch
+    was started) and is not imported: validating runs none of the user's code. A dotted module:
+    only its top-level package is looked for (finding `pkg.sub` would run pkg/__init__.py)."""
+    plans = tmp_path / "plans"
+    (plans / "pkg").mkdir(parents=True)
+    ran = tmp_path / "ran"
+    side_effect = f"open({str(ran)!r}, 'a').write(__name__)\n"
+    (plans / "validmod_c71e.py").write_text(side_effect + "def fn(): pass\n")
+    (plans / "pkg" / "__init__.py").write_text(side_effect)
+    path = write(
+        plans,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "validmod_c71e:fn"}}
+          - {id: b, kind: python, params: {function: "pkg.nosuchsub:fn"}}
+    """,
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_plan(path).by_id["a"].spec.params["function"] == "validmod_c71e:fn"
+    assert not ran.exists(), ran.read_text()
+    assert "validmod_c71e" not in sys.modules and "pkg" not in sys.modules
+    (plans / "validmod_c71e.py").unlink()
+    with pytest.raises(PlanError, match="module 'validmod_c71e' not found"):
+        load_plan(path)
+
+
 # --- all at once ---------------------------------------------------------------------------------
 
 
@@ -1442,6 +1499,36 @@ def test_orch_validate_process_reports_all_errors(tmp_path: Path) -> None:
     for marker in ["kind", "dup", "when", "priority"]:
         assert f"{path}:{line_of(path, f'# <-{marker}')}: " in done.stderr
     assert "orch: 10 problems in the plan; nothing was run" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+@requires_script
+def test_orch_validate_tells_a_newcomer_s_mistakes_plainly(tmp_path: Path) -> None:
+    """A zero timeout, a task written as a string, a bad id, `priority: med` and a python
+    module that does not exist: exit 2, one `file:line: sentence` each, no traceback."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "true"}, timeout: 0s}  # <-timeout
+          - fetch  # <-string
+          - {id: "b c", kind: shell, params: {command: "true"}}  # <-id
+          - {id: d, kind: shell, params: {command: "true"}, priority: med}  # <-priority
+          - {id: e, kind: python, params: {function: "nosuchmod:fn"}}  # <-module
+    """,
+    )
+    done = run_orch("validate", path, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    for marker, words in {
+        "timeout": "task 'a': timeout: 0s would end every attempt as it starts",
+        "string": "a task is a mapping with at least `id` and `kind`",
+        "id": "task 'b c': id: an id is letters, digits, `_` and `-`",
+        "priority": "task 'd': priority: 'med' is not one of high, medium or low (did you mean",
+        "module": "task 'e': param 'function': module 'nosuchmod' not found (searched from",
+    }.items():
+        assert f"{path}:{line_of(path, f'# <-{marker}')}: {words}" in done.stderr, done.stderr
+    assert "orch: 5 problems in the plan; nothing was run" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
 
 
