@@ -998,6 +998,25 @@ def test_a_python_task_s_module_is_found_from_the_plan_s_folder_and_not_run(
         load_plan(path)
 
 
+def _doc_plans() -> list[str]:
+    """The fenced YAML blocks of docs/plan-format.md that are whole plans (a `tasks:` key)."""
+    doc = (Path(__file__).parent.parent / "docs" / "plan-format.md").read_text()
+    blocks = re.findall(r"^```yaml\n(.*?)^```", doc, re.DOTALL | re.MULTILINE)
+    return [b for b in blocks if re.search(r"^tasks:", b, re.MULTILINE)]
+
+
+def test_the_doc_has_whole_plans() -> None:
+    """The extraction below finds the doc's top example (else the next test checks nothing)."""
+    assert any("name: sglang-migration" in b for b in _doc_plans())
+
+
+@pytest.mark.parametrize("text", _doc_plans())
+def test_every_whole_plan_in_the_plan_format_doc_validates(tmp_path: Path, text: str) -> None:
+    """What the doc shows a newcomer loads as written: the docs cannot drift from the loader."""
+    plan = load_plan(write(tmp_path, text))
+    assert plan.tasks
+
+
 # --- all at once ---------------------------------------------------------------------------------
 
 
