@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import inspect
 import signal
 import subprocess
@@ -11,8 +12,9 @@ from contextlib import contextmanager
 from functools import cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationInfo, field_validator
 
+from .durations import format_seconds
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
 from .process import LOG_LIMIT, terminate_group
@@ -30,7 +32,7 @@ class ShellParams(BaseModel):
     env: dict[str, str] = {}
     cwd: str | None = None
     success_codes: list[int] = [0]
-    grace: float = Field(10.0, description="seconds between SIGTERM and SIGKILL")
+    grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     log_limit: Annotated[int, BeforeValidator(parse_size)] = Field(
         LOG_LIMIT, gt=0, description="most output kept in the task log (64MiB): head and tail"
     )
@@ -65,6 +67,33 @@ class PythonParams(BaseModel):
     function: str = Field(description="module:function, called with `args` as keywords")
     # A factory, not `= {}`: pydantic deep-copies a mutable default at every validation.
     args: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("function")
+    @classmethod
+    def _findable(cls, target: str, info: ValidationInfo) -> str:
+        """`module:function`, both names Python could import; when the plan is validated
+        (its loader passes `plan_file`), the module must be found, as the run would look:
+        from the plan's folder (on sys.path while the plan loads), then sys.path."""
+        module, _, name = target.partition(":")
+        if not (name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
+            raise ValueError(f"{target!r} is not module:function (e.g. mypkg.tools:main)")
+        plan_file = (info.context or {}).get("plan_file")
+        if plan_file is not None and not _module_found(module):
+            top = module.partition(".")[0]
+            raise ValueError(
+                f"module {top!r} not found (searched from {plan_file}'s folder and sys.path)"
+            )
+        return target
+
+
+def _module_found(module: str) -> bool:
+    """Whether the top-level package of `module` can be found, without running any of it.
+    Only the top level: finding `pkg.sub` imports `pkg` (its __init__ runs), and validating a
+    plan runs none of the user's code; a missing `sub` shows when the task runs."""
+    try:
+        return importlib.util.find_spec(module.partition(".")[0]) is not None
+    except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
+        return True
 
 
 class PythonTask(Task[PythonParams]):
@@ -124,7 +153,7 @@ def _alarm(seconds: float | None) -> Iterator[None]:
         return
 
     def expire(signum: int, frame: object) -> None:
-        raise TaskTimeout(f"timed out after {seconds:.0f}s")
+        raise TaskTimeout(f"timed out after {format_seconds(seconds)}")
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
@@ -139,7 +168,7 @@ class CommandParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: str = Field(description="run by `bash -c`; exit 0 means the condition holds")
-    timeout: float = 60.0
+    timeout: float = Field(60.0, gt=0, description="seconds the command may take")
 
 
 class CommandSucceeds(Precondition[CommandParams]):
@@ -163,7 +192,9 @@ class CommandSucceeds(Precondition[CommandParams]):
         try:
             output, _ = proc.communicate(timeout=self.params.timeout)
         except subprocess.TimeoutExpired:
-            return CheckResult(False, f"`{cmd}` did not finish in {self.params.timeout:.0f}s")
+            return CheckResult(
+                False, f"`{cmd}` did not finish in {format_seconds(self.params.timeout)}"
+            )
         finally:  # on a timeout or Ctrl-C too: nothing the check started outlives it
             terminate_group(proc.pid, grace=2.0, leader=proc)
             proc.communicate()

@@ -39,6 +39,16 @@ def parse_duration(value: object) -> float:
     return seconds
 
 
+def format_seconds(seconds: float) -> str:
+    """A span for a sentence, in the plan's own units: 100ms, 1.5s, 30s, 5400s. Whole
+    seconds alone would say `timed out after 0s` of a 0.1s timeout."""
+    if round(seconds * 1000) < 1000:
+        return f"{max(seconds, 0.0) * 1000:.0f}ms"
+    if round(seconds, 1) < 10:
+        return f"{seconds:.1f}".removesuffix(".0") + "s"
+    return f"{seconds:.0f}s"
+
+
 def format_duration(seconds: float | None) -> str:
     """Short human form for the board: 0.4s, 12s, 3m05s, 1h02m."""
     if seconds is None:

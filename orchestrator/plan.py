@@ -30,6 +30,12 @@ from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, r
 from .yamlsource import SYNTAX_ERROR, YAML_ERROR, Located, Path_, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]*$"  # a plan's name: it names the store's file
+# What a value that misses one of these patterns is told, in words (got ... follows).
+_PATTERN_WORDS = {
+    ID_PATTERN: "letters, digits, `_` and `-`, not starting with `-`",
+    NAME_PATTERN: "letters, digits, `_`, `-` and `.`, starting with a letter or digit",
+}
 # Tighter than yamlsource's per-value limit: ids and names become file names, log names and
 # board columns. `when` is evaluated recursively at run time, so its depth is bounded here.
 MAX_ID_CHARS = 128
@@ -62,11 +68,34 @@ def _stall_after(seconds: float) -> float:
 StallAfter = Annotated[Duration, AfterValidator(_stall_after)]
 
 
+def _timeout(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError(
+            "0s would end every attempt as it starts: give a positive duration (e.g. 30s), "
+            "or leave it out for no limit"
+        )
+    return seconds
+
+
+def _poll_every(seconds: float) -> float:
+    if seconds <= 0:
+        raise ValueError("polling every 0s would run the check back to back: e.g. `every: 2s`")
+    return seconds
+
+
+# Durations that must be positive. The others may be 0: `retries.delay: 0` retries at once,
+# `wait: 0` checks once (as no `wait` does); `stall_after` has its own floor (StallAfter).
+# A task's time limit: 0 would fail every attempt as it starts ("timed out after 0s").
+Timeout = Annotated[Duration, AfterValidator(_timeout)]
+# A precondition's poll interval while it waits: 0 would re-run the check in a busy loop.
+PollEvery = Annotated[Duration, AfterValidator(_poll_every)]
+
+
 class Retries(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     attempts: int = Field(1, ge=1, le=100, description="tries in all, the first included")
-    delay: Duration = Field(0.0, description="wait between tries")
+    delay: Duration = Field(0.0, description="wait between tries (0: at once)")
 
 
 class TaskSpec(BaseModel):
@@ -83,7 +112,7 @@ class TaskSpec(BaseModel):
     needs: Annotated[list[str], BeforeValidator(as_list)] = Field(default_factory=list)
     preconditions: list[dict[str, Any]] = Field(default_factory=list)
     when: bool | str | None = None
-    timeout: Duration | None = None
+    timeout: Timeout | None = None
     retries: Annotated[Retries, BeforeValidator(_as_retries)] = Field(
         default_factory=lambda: Retries()
     )
@@ -111,13 +140,13 @@ class CheckSpec(BaseModel):
 
     kind: str
     wait: Duration | None = Field(None, description="poll until it holds, up to this long")
-    every: Duration = Field(2.0, description="seconds between polls while waiting")
+    every: PollEvery = Field(2.0, description="seconds between polls while waiting")
 
 
 class PlanHeader(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$", max_length=MAX_ID_CHARS)
+    name: str = Field(pattern=NAME_PATTERN, max_length=MAX_ID_CHARS)
     description: str = ""
     vars: dict[str, Any] = {}
     jobs: int = Field(1, ge=1, le=64, description="tasks run at once (--jobs overrides)")
@@ -713,7 +742,7 @@ def _plan_task(
             check = CheckSpec.model_validate(raw)
         except ValidationError as exc:
             issues += [
-                src.issue((*at, *e["loc"]), f"{label} precondition: {_sentence(e)}")
+                src.issue((*at, *e["loc"]), f"{label} precondition: {_sentence(e, CheckSpec)}")
                 for e in exc.errors()
             ]
             continue
@@ -837,7 +866,9 @@ def _validate_params(
         }
         # A deferred param's name is still checked now: a typo must not wait for run time.
         view |= {k: None for k in deferred if k not in cls.Params.model_fields}
-        cls.Params.model_validate(view)
+        # `plan_file` tells a kind's validators that a plan is being checked (builtins'
+        # `python` then looks for its module).
+        cls.Params.model_validate(view, context={"plan_file": Path(src.file).name})
     except ValidationError as exc:
         fields = list(cls.Params.model_fields)
         for e in exc.errors():
@@ -876,15 +907,61 @@ def _dependency_order(graph: dict[str, list[str]], file_order: dict[str, int]) -
     return order
 
 
+# What the whole of an entry is, when it is not a mapping (pydantic: "Input should be a valid
+# dictionary or instance of TaskSpec").
+_ENTRY = {
+    "TaskSpec": "a task is a mapping with at least `id` and `kind`",
+    "CheckSpec": "a precondition is a mapping with at least `kind`",
+}
+# Fields whose shape a newcomer gets wrong, in words (pydantic: "Input should be a valid list").
+_SHAPE = {
+    "tasks": "`tasks` is a list of tasks",
+    "finally": "`finally` is a list of tasks",
+    "vars": "`vars` is a mapping of names to values",
+    "resources": "`resources` is a mapping of names to units",
+    "needs": "`needs` is a task id or a list of them",
+    "preconditions": "`preconditions` is a list of checks, each a mapping with a `kind`",
+    "params": "`params` is a mapping of the kind's params",
+    "retries": "`retries` is a number of tries, or a mapping with `attempts` and `delay`",
+    "on_failure": "`on_failure` is a task (a mapping with `id` and `kind`) or a list of them",
+}
+# An entry of a list field, when it is not a mapping.
+_LIST_ENTRY = {
+    "preconditions": _ENTRY["CheckSpec"],
+    "on_failure": "an `on_failure` entry is a task: a mapping with at least `id` and `kind`",
+}
+_SHAPE_ERRORS = {"dict_type", "list_type", "model_type", "model_attributes_type"}
+
+
 def _sentence(error: Any, model: type[BaseModel] | None = None) -> str:
     loc = ".".join(str(p) for p in error["loc"])
-    if error["type"] == "extra_forbidden":
+    kind = error["type"]
+    if kind == "extra_forbidden":
         known = _fields_at(model, error["loc"][:-1]) if model else []
         return f"unknown field {loc!r}{did_you_mean(str(error['loc'][-1]), known)}"
-    if error["type"] == "missing":
+    if kind == "missing":
         return f"missing field {loc!r}"
-    if error["type"] == "too_short" and loc == "tasks":
+    if kind == "too_short" and loc == "tasks":
         return "tasks: the list is empty; a plan needs at least one task"
+    if kind in _SHAPE_ERRORS:
+        if not loc and model is not None and model.__name__ in _ENTRY:
+            return _ENTRY[model.__name__]
+        if loc in _SHAPE:
+            return _SHAPE[loc]
+        if len(error["loc"]) == 2 and (entry := _LIST_ENTRY.get(str(error["loc"][0]))):
+            return f"{loc}: {entry}"
+    pattern = error.get("ctx", {}).get("pattern")
+    if kind == "string_pattern_mismatch" and (words := _PATTERN_WORDS.get(pattern)):
+        # A mapping's key (`resources: {"a b": 1}`) is named by its field, not by itself.
+        field = str(error["loc"][0]) if error["loc"][-1:] == ("[key]",) else loc
+        what = "an id" if loc == "id" else "a name"
+        return f"{field}: {what} is {words} (got {error['input']!r})"
+    if kind == "literal_error":
+        expected = error["ctx"]["expected"]  # "'high', 'medium' or 'low'"
+        said = error["input"]
+        hint = did_you_mean(said, re.findall(r"'(.*?)'", expected)) if isinstance(said, str) else ""
+        choices = expected.replace("'", "")
+        return f"{loc}: {said!r} is not one of {choices}{hint}"
     return f"{loc}: {_message(error)}" if loc else _message(error)
 
 

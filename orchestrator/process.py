@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .durations import format_seconds
 from .errors import TaskTimeout
 from .redact import mask
 from .umask import user_umask
@@ -136,7 +137,9 @@ def run_process(
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 end()
-                raise TaskTimeout(f"timed out after {now - started:.0f}s; its processes ended")
+                raise TaskTimeout(
+                    f"timed out after {format_seconds(now - started)}; its processes ended"
+                )
             if on_wait is not None and now >= next_note:
                 on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
                 next_note = now + PROGRESS_EVERY

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
@@ -20,9 +21,10 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.builtins import _alarm
 from orchestrator.cli import cli
 from orchestrator.durations import parse_duration
-from orchestrator.errors import PlanError, PlanIssue, TemplateError
+from orchestrator.errors import PlanError, PlanIssue, TaskTimeout, TemplateError
 from orchestrator.plan import Plan, load_plan, parse_var, what_changed
 from orchestrator.templating import Ref, compile_when, evaluate_when, iter_refs, parse_ref, resolve
 
@@ -254,6 +256,7 @@ def test_spec_hashes_are_pinned(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     """The hashes (and one fingerprint as stored) of a plan with merges, a secret, typed YAML
     values, preconditions, `when` and guards, as computed before loading was sped up."""
     monkeypatch.delenv("ORCH_PIN_UNSET_TOKEN", raising=False)
+    (tmp_path / "bench_noop.py").write_text("def noop(**kwargs):\n    pass\n")  # found, not run
     plan = load_plan(write(tmp_path, PINNED))
     assert {t.id: t.spec_hash for t in [*plan.tasks, *plan.guards]} == {
         "fetch": "a1ddaf209ccc9dc0",
@@ -566,7 +569,11 @@ def test_bad_task_id(tmp_path: Path) -> None:
         tmp_path,
         "name: t\ntasks:\n  - id: a b  # <-E\n    kind: shell\n    params: {command: 'true'}\n",
     )
-    only(path, "# <-E", "task 'a b'", "id", "should match pattern")
+    only(
+        path,
+        "# <-E",
+        "task 'a b': id: an id is letters, digits, `_` and `-`, not starting with `-` (got 'a b')",
+    )
 
 
 # --- references and `when` -----------------------------------------------------------------------
@@ -790,9 +797,10 @@ def test_precondition_errors(tmp_path: Path) -> None:
         ("", None, ["a plan is a mapping"]),
         ("name: t\n", 1, ["tasks", "needs at least one task"]),
         ("name: t\ntasks: []\n", 2, ["tasks", "needs at least one task"]),
-        ("name: t\ntasks: {a: 1}\n", 2, ["tasks", "valid list"]),
-        ("name: t\ntasks: 5\n", 2, ["tasks", "valid list"]),
-        ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["vars", "valid dictionary"]),
+        ("name: t\ntasks: {a: 1}\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\ntasks: 5\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\ntasks: x\n", 2, ["`tasks` is a list of tasks"]),
+        ("name: t\nvars: [1, 2]\ntasks: [{id: a, kind: shell}]\n", 2, ["`vars` is a mapping"]),
         (
             "name: t\ntask: []\ntasks: [{id: a, kind: shell, params: {command: x}}]\n",
             2,
@@ -822,7 +830,12 @@ def test_bad_name_does_not_hide_task_errors(tmp_path: Path) -> None:
     )
     issues = errors(path)
     assert len(issues) == 2, issues
-    expect(issues, line_of(path, "# <-E1"), "name", "should match pattern")
+    expect(
+        issues,
+        line_of(path, "# <-E1"),
+        "name: a name is letters, digits, `_`, `-` and `.`, starting with a letter or digit "
+        "(got 'my plan')",
+    )
     expect(issues, line_of(path, "# <-E2"), "unknown task kind 'nope'")
 
 
@@ -831,6 +844,177 @@ def test_unreadable_plan(tmp_path: Path) -> None:
     issues = errors(tmp_path / "missing.yaml")
     assert len(issues) == 1 and issues[0].line is None
     assert "cannot read the plan" in issues[0].message
+
+
+# --- a newcomer's mistakes: plain sentences, not pydantic's ---------------------------------------
+
+
+def test_a_timeout_must_be_positive_other_durations_may_be_zero(tmp_path: Path) -> None:
+    """`timeout: 0s` would fail every attempt as it starts, and `every: 0` would poll in a busy
+    loop: both refused on their line, as are a negative `grace` and a `command` check's
+    `timeout: 0`. `retries.delay: 0` (retry at once) and `wait: 0` (check once) mean something
+    and load."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "true"}, timeout: 0s}  # <-E1
+          - {id: b, kind: shell, params: {command: "true"}, timeout: 0}  # <-E2
+          - {id: c, kind: shell, params: {command: "true"}, timeout: 0ms}  # <-E3
+          - id: d
+            kind: shell
+            params: {command: "true"}
+            timeout: 0.1
+            retries: {attempts: 2, delay: 0}
+            preconditions:
+              - {kind: command, command: "true", wait: 0, every: 0}  # <-E4
+              - {kind: command, command: "true", wait: 0, every: 0.5}
+          - id: e
+            kind: shell
+            params: {command: "true", grace: -1}  # <-E5
+            preconditions: [{kind: command, command: "true", timeout: 0}]  # <-E6
+    """,
+    )
+    issues = errors(path)
+    assert len(issues) == 6, issues
+    for marker in ("E1", "E2", "E3"):
+        expect(issues, line_of(path, f"# <-{marker}"), "timeout: 0s would end every attempt")
+    expect(issues, line_of(path, "# <-E4"), "every: polling every 0s would run the check back")
+    expect(issues, line_of(path, "# <-E5"), "param 'grace'", "greater than or equal to 0")
+    expect(issues, line_of(path, "# <-E6"), "param 'timeout'", "greater than 0")
+    path.write_text(path.read_text().replace("every: 0}", "every: 1}").replace("grace: -1", ""))
+    path.write_text(path.read_text().replace("timeout: 0}", "timeout: 1}"))
+    path.write_text(re.sub(r"timeout: 0\w*}", "timeout: 1}", path.read_text()))
+    plan = load_plan(path)
+    assert plan.by_id["d"].spec.timeout == 0.1 and plan.by_id["d"].spec.retries.delay == 0
+
+
+@pytest.mark.parametrize(
+    ("seconds", "said"),
+    [(0.1, "100ms"), (0.0004, "0ms"), (0.9996, "1s"), (1.5, "1.5s"), (3.0, "3s"), (90, "90s")],
+)
+def test_a_timeout_under_a_second_is_said_in_milliseconds(seconds: float, said: str) -> None:
+    """A python task's timeout message names the time it had: `timed out after 100ms` for a
+    0.1s timeout, not `0s` (a shell task's: test_run.py)."""
+    # The alarm is not waited for: its handler is called at once.
+    with pytest.raises(TaskTimeout) as info, _alarm(seconds):
+        signal.raise_signal(signal.SIGALRM)
+    assert str(info.value) == f"timed out after {said}"
+
+
+@pytest.mark.parametrize(
+    ("task", "words"),
+    [
+        ('"fetch"', "a task is a mapping with at least `id` and `kind`"),
+        ("[a, shell]", "a task is a mapping with at least `id` and `kind`"),
+        (
+            '{id: "x y", kind: shell}',
+            "id: an id is letters, digits, `_` and `-`, not starting with `-` (got 'x y')",
+        ),
+        ("{id: -a, kind: shell}", "(got '-a')"),
+        (
+            "{id: a, kind: shell, priority: med}",
+            "priority: 'med' is not one of high, medium or low (did you mean 'medium'?)",
+        ),
+        (
+            "{id: a, kind: shell, on_stall: wiat, stall_after: 5s}",
+            "on_stall: 'wiat' is not one of wait, fail or restart (did you mean 'wait'?)",
+        ),
+        ("{id: a, kind: shell, preconditions: [x]}", "a precondition is a mapping with at least"),
+        ("{id: a, kind: shell, retries: often}", "`retries` is a number of tries, or a mapping"),
+        ("{id: a, kind: shell, on_failure: undo}", "`on_failure` is a task (a mapping with"),
+        (
+            '{id: a, kind: shell, resources: {"disk heavy": 1}}',
+            "resources: a name is letters, digits, `_` and `-`, not starting with `-` "
+            "(got 'disk heavy')",
+        ),
+    ],
+)
+def test_shape_mistakes_are_told_in_plain_words(tmp_path: Path, task: str, words: str) -> None:
+    """A task that is not a mapping, a bad id, `priority: med` (the board's abbreviation):
+    one sentence in the plan's words, on the task's line, and no pydantic wording."""
+    task = task.replace("kind: shell", 'kind: shell, params: {command: "true"}')
+    path = write(tmp_path, f"name: t\ntasks:\n  - {task}  # <-E\n")
+    issues = errors(path)
+    assert len(issues) == 1, issues
+    expect(issues, line_of(path, "# <-E"), words)
+    assert not any("Input should" in i.message or "should match" in i.message for i in issues)
+
+
+def test_a_python_task_s_module_must_be_findable(tmp_path: Path) -> None:
+    """`function: nosuchmod:fn` is refused at validation, not at run time; `module:function`
+    is its shape."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "nosuchmod:fn"}}  # <-E1
+          - {id: b, kind: python, params: {function: "nosuchpkg.sub:fn"}}  # <-E2
+          - {id: c, kind: python, params: {function: "json"}}  # <-E3
+          - {id: d, kind: python, params: {function: "json:loads"}}
+    """,
+    )
+    issues = errors(path)
+    assert len(issues) == 3, issues
+    expect(
+        issues,
+        line_of(path, "# <-E1"),
+        "task 'a': param 'function': module 'nosuchmod' not found "
+        "(searched from plan.yaml's folder and sys.path)",
+    )
+    expect(issues, line_of(path, "# <-E2"), "module 'nosuchpkg' not found")
+    expect(issues, line_of(path, "# <-E3"), "'json' is not module:function")
+
+
+def test_a_python_task_s_module_is_found_from_the_plan_s_folder_and_not_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The module is looked for as the run imports it (the plan's folder first, wherever orch
+    was started) and is not imported: validating runs none of the user's code. A dotted module:
+    only its top-level package is looked for (finding `pkg.sub` would run pkg/__init__.py)."""
+    plans = tmp_path / "plans"
+    (plans / "pkg").mkdir(parents=True)
+    ran = tmp_path / "ran"
+    side_effect = f"open({str(ran)!r}, 'a').write(__name__)\n"
+    (plans / "validmod_c71e.py").write_text(side_effect + "def fn(): pass\n")
+    (plans / "pkg" / "__init__.py").write_text(side_effect)
+    path = write(
+        plans,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "validmod_c71e:fn"}}
+          - {id: b, kind: python, params: {function: "pkg.nosuchsub:fn"}}
+    """,
+    )
+    monkeypatch.chdir(tmp_path)
+    assert load_plan(path).by_id["a"].spec.params["function"] == "validmod_c71e:fn"
+    assert not ran.exists(), ran.read_text()
+    assert "validmod_c71e" not in sys.modules and "pkg" not in sys.modules
+    (plans / "validmod_c71e.py").unlink()
+    with pytest.raises(PlanError, match="module 'validmod_c71e' not found"):
+        load_plan(path)
+
+
+def _doc_plans() -> list[str]:
+    """The fenced YAML blocks of docs/plan-format.md that are whole plans (a `tasks:` key)."""
+    doc = (Path(__file__).parent.parent / "docs" / "plan-format.md").read_text()
+    blocks = re.findall(r"^```yaml\n(.*?)^```", doc, re.DOTALL | re.MULTILINE)
+    return [b for b in blocks if re.search(r"^tasks:", b, re.MULTILINE)]
+
+
+def test_the_doc_has_whole_plans() -> None:
+    """The extraction below finds the doc's top example (else the next test checks nothing)."""
+    assert any("name: sglang-migration" in b for b in _doc_plans())
+
+
+@pytest.mark.parametrize("text", _doc_plans())
+def test_every_whole_plan_in_the_plan_format_doc_validates(tmp_path: Path, text: str) -> None:
+    """What the doc shows a newcomer loads as written: the docs cannot drift from the loader."""
+    plan = load_plan(write(tmp_path, text))
+    assert plan.tasks
 
 
 # --- all at once ---------------------------------------------------------------------------------
@@ -878,7 +1062,7 @@ def test_every_error_is_reported_at_once(tmp_path: Path) -> None:
         "task": ["task 'report'", "no task 'probe'"],
         "upstream": ["'other' is not among the needs of 'report'"],
         "when": ["task 'report'", "`when` is not a valid condition"],
-        "priority": ["task 'other'", "priority", "'high', 'medium' or 'low'"],
+        "priority": ["task 'other'", "priority", "'urgent' is not one of high, medium or low"],
     }
     for marker, words in expected.items():
         expect(issues, line_of(path, f"# <-{marker}"), *words)
@@ -925,7 +1109,7 @@ def test_broken_needs_do_not_fake_upstream_errors(tmp_path: Path) -> None:
             params: {command: "echo ${tasks.probe.findings.k}"}
     """,
     )
-    only(path, "# <-E", "task 'mid'", "needs", "valid list")
+    only(path, "# <-E", "task 'mid'", "`needs` is a task id or a list of them")
 
 
 # --- --var overrides -----------------------------------------------------------------------------
@@ -1334,6 +1518,36 @@ def test_orch_validate_process_reports_all_errors(tmp_path: Path) -> None:
     for marker in ["kind", "dup", "when", "priority"]:
         assert f"{path}:{line_of(path, f'# <-{marker}')}: " in done.stderr
     assert "orch: 10 problems in the plan; nothing was run" in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+
+
+@requires_script
+def test_orch_validate_tells_a_newcomer_s_mistakes_plainly(tmp_path: Path) -> None:
+    """A zero timeout, a task written as a string, a bad id, `priority: med` and a python
+    module that does not exist: exit 2, one `file:line: sentence` each, no traceback."""
+    path = write(
+        tmp_path,
+        """
+        name: t
+        tasks:
+          - {id: a, kind: shell, params: {command: "true"}, timeout: 0s}  # <-timeout
+          - fetch  # <-string
+          - {id: "b c", kind: shell, params: {command: "true"}}  # <-id
+          - {id: d, kind: shell, params: {command: "true"}, priority: med}  # <-priority
+          - {id: e, kind: python, params: {function: "nosuchmod:fn"}}  # <-module
+    """,
+    )
+    done = run_orch("validate", path, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    for marker, words in {
+        "timeout": "task 'a': timeout: 0s would end every attempt as it starts",
+        "string": "a task is a mapping with at least `id` and `kind`",
+        "id": "task 'b c': id: an id is letters, digits, `_` and `-`",
+        "priority": "task 'd': priority: 'med' is not one of high, medium or low (did you mean",
+        "module": "task 'e': param 'function': module 'nosuchmod' not found (searched from",
+    }.items():
+        assert f"{path}:{line_of(path, f'# <-{marker}')}: {words}" in done.stderr, done.stderr
+    assert "orch: 5 problems in the plan; nothing was run" in done.stderr
     assert "Traceback" not in done.stderr + done.stdout
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -35,6 +36,20 @@ def test_retries_until_success(pdir: PlanDir) -> None:
         ("failed", "in_progress"),
         ("in_progress", "completed"),
     ]
+
+
+def test_a_timeout_under_a_second_is_told_in_milliseconds(pdir: PlanDir) -> None:
+    """A shell task with `timeout: 0.2` fails saying how long it ran, `timed out after 2xxms`,
+    not `after 0s`; a python task's message: test_plan.py."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: slow, kind: shell, timeout: 0.2, params: {command: "sleep 30"}}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 1, r.stderr
+    error = pdir.todo("slow")["last_error"]
+    assert re.fullmatch(r"timed out after [2-9]\d\dms; its processes ended", error), error
 
 
 FORK_PLAN = """

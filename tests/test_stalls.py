@@ -321,7 +321,7 @@ def test_bad_stall_fields_name_file_and_line(pdir: PlanDir) -> None:
     by_line = {i.line: i.message for i in info.value.issues}
     assert all(i.file == str(path) for i in info.value.issues)
     assert "0.5s is too short: at least 1s" in by_line[line_of(path, "# E1")]
-    assert "'wait', 'fail' or 'restart'" in by_line[line_of(path, "# E2")]
+    assert "'panic' is not one of wait, fail or restart" in by_line[line_of(path, "# E2")]
     assert "on_stall needs stall_after" in by_line[line_of(path, "# E3")]
     assert "'soon' is not a duration" in by_line[line_of(path, "# E4")]
     assert len(info.value.issues) == 4
