@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib
 import importlib.util
 import inspect
 import signal
 import subprocess
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import cache
@@ -90,18 +93,28 @@ def _module_found(module: str) -> bool:
     """Whether the top-level package of `module` can be found, without running any of it.
     Only the top level: finding `pkg.sub` imports `pkg` (its __init__ runs), and validating a
     plan runs none of the user's code; a missing `sub` shows when the task runs."""
-    try:
-        return importlib.util.find_spec(module.partition(".")[0]) is not None
-    except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
+    top = module.partition(".")[0]
+    where = (top, tuple(sys.path))
+    if where in _FOUND:  # a search of sys.path costs ~10 us: once a load, not once a task
         return True
+    try:
+        found = importlib.util.find_spec(top) is not None
+    except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
+        found = True
+    if found:  # a module not found is looked for again: it may be written meanwhile
+        _FOUND.add(where)
+    return found
+
+
+_FOUND: set[tuple[str, tuple[str, ...]]] = set()  # (module, sys.path) where it was found
 
 
 class PythonTask(Task[PythonParams]):
     """Call a Python function in-process.
 
     It may accept a `ctx` keyword to record findings. What it returns is recorded too: a dict
-    as one finding per key, a number or a string as the finding `result`. The timeout is
-    enforced with SIGALRM, so it interrupts Python code but not a blocking C call.
+    as one finding per key, a number or a string as the finding `result`. The timeout
+    interrupts Python code, not a blocking C call (see _alarm).
     """
 
     Params = PythonParams
@@ -148,12 +161,21 @@ def _findings_from(result: object) -> Iterator[Finding]:
 
 @contextmanager
 def _alarm(seconds: float | None) -> Iterator[None]:
+    """TaskTimeout in this thread once `seconds` have passed: SIGALRM in the main thread; in
+    a worker thread (`--jobs`), where no signal can be handled, an asynchronous exception (as
+    Ctrl-C reaches the tasks' threads: Runner.stop_threads). Either lands at the next Python
+    instruction, so a blocking C call finishes first."""
     if seconds is None:
         yield
         return
+    message = f"timed out after {format_seconds(seconds)}"
+    if threading.current_thread() is not threading.main_thread():
+        with _thread_alarm(seconds, message):
+            yield
+        return
 
     def expire(signum: int, frame: object) -> None:
-        raise TaskTimeout(f"timed out after {format_seconds(seconds)}")
+        raise TaskTimeout(message)
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.001))
@@ -162,6 +184,32 @@ def _alarm(seconds: float | None) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _thread_alarm(seconds: float, message: str) -> Iterator[None]:
+    tid, lock, state = threading.get_ident(), threading.Lock(), {"done": False}
+
+    def expire() -> None:
+        with lock:  # never once the block has ended
+            if not state["done"]:
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(
+                    ctypes.c_ulong(tid), ctypes.py_object(TaskTimeout)
+                )
+
+    timer = threading.Timer(seconds, expire)
+    timer.daemon = True
+    timer.start()
+    try:
+        yield
+    except TaskTimeout as exc:
+        raise (exc if exc.args else TaskTimeout(message)) from None
+    finally:
+        with lock:
+            state["done"] = True
+        timer.cancel()
+        # One set just before `done` and not yet raised must not land after the block.
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.c_void_p(0))
 
 
 class CommandParams(BaseModel):

@@ -379,3 +379,27 @@ def test_a_task_waits_for_a_busy_gpu_and_says_what_holds_it(pdir: PlanDir) -> No
     assert (pdir.root / "g0").read_text().strip() == "0"
     assert pdir.statuses()["g9"] == "failed"  # no GPU 9 here: failed at once, not waited for
     assert "gpus 9: not on this host (it has 0, 1, 2, 3, 4, 5, 6, 7)" in pdir.todo("g9")["reason"]
+
+
+def test_a_python_tasks_timeout_holds_in_a_worker_thread(pdir: PlanDir) -> None:
+    """With --jobs 2 a `python` task runs in a thread, where SIGALRM cannot be handled: its
+    timeout still ends a function looping in Python, with the same words as alone; a quick
+    one beside it completes, and the run ends normally."""
+    (pdir.root / "spin.py").write_text(
+        "def spin():\n    while True:\n        pass\n\n\ndef quick():\n    return {'ok': 1}\n"
+    )
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        + "".join(
+            f"  - {{id: {i}, kind: python, timeout: {t}, params: {{function: 'spin:{f}'}}}}\n"
+            for i, f, t in (("a", "spin", "500ms"), ("b", "spin", "500ms"), ("c", "quick", "5s"))
+        )
+    )
+    for jobs in ("2", "1"):
+        started = time.monotonic()
+        r = run_orch("run", plan, "--jobs", jobs, "--keep-going", "--rerun", "a")
+        assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+        assert time.monotonic() - started < 10
+        assert pdir.statuses() == {"a": "failed", "b": "failed", "c": "completed"}
+        for task in ("a", "b"):
+            assert pdir.todo(task)["last_error"] == "timed out after 500ms", jobs

@@ -1551,6 +1551,26 @@ def test_orch_validate_tells_a_newcomer_s_mistakes_plainly(tmp_path: Path) -> No
     assert "Traceback" not in done.stderr + done.stdout
 
 
+def test_a_python_module_not_found_is_looked_for_again_at_the_next_load(tmp_path: Path) -> None:
+    """Only modules found are remembered (a search of sys.path per task would cost ~10 us):
+    one written after a failed load is found by the next load in the same process (the MCP
+    server validates plans for as long as it lives)."""
+    name = f"written_later_{os.getpid()}"
+    path = write(
+        tmp_path,
+        f"""
+        name: t
+        tasks:
+          - {{id: a, kind: python, params: {{function: "{name}:fn"}}}}
+          - {{id: b, kind: python, params: {{function: "{name}:fn"}}}}
+    """,
+    )
+    with pytest.raises(PlanError, match=f"module '{name}' not found"):
+        load_plan(path)
+    (tmp_path / f"{name}.py").write_text("def fn():\n    return None\n")
+    assert [t.id for t in load_plan(path).tasks] == ["a", "b"]
+
+
 @requires_script
 def test_orch_run_of_bad_plan_runs_nothing(tmp_path: Path) -> None:
     """`orch run` of a plan with one bad task runs none of the good ones and makes no store."""
