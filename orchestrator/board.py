@@ -5,7 +5,6 @@ Reads plain rows; imports nothing heavy, so `orch status` starts fast.
 
 from __future__ import annotations
 
-import shlex
 import sqlite3
 import time
 from collections.abc import Mapping, Sequence
@@ -170,6 +169,8 @@ def approve_command(gate: str, plan_file: str | None, argv: str | None) -> str:
     """`orch approve PLAN GATE`: the plan file as the run was given it, with the run's --var,
     --vars-file and --store options from its (masked) command line `argv`; a secret var's
     value, masked there, is named by a caveat instead."""
+    import shlex  # only for a waiting gate: not on every `orch status`
+
     try:
         words = shlex.split(argv or "")
     except ValueError:

@@ -13,9 +13,10 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import MappingProxyType
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -827,6 +828,12 @@ def _ref_problems(
     return []
 
 
+@functools.lru_cache(maxsize=16)
+def _params_context(file: str) -> Mapping[str, str]:
+    """The validation context of a plan's params, made once a file, not once a task."""
+    return MappingProxyType({"plan_file": Path(file).name})
+
+
 def _validate_params(
     src: Located,
     at: Path_,
@@ -868,7 +875,7 @@ def _validate_params(
         view |= {k: None for k in deferred if k not in cls.Params.model_fields}
         # `plan_file` tells a kind's validators that a plan is being checked (builtins'
         # `python` then looks for its module).
-        cls.Params.model_validate(view, context={"plan_file": Path(src.file).name})
+        cls.Params.model_validate(view, context=_params_context(src.file))
     except ValidationError as exc:
         fields = list(cls.Params.model_fields)
         for e in exc.errors():
