@@ -8,7 +8,6 @@ import importlib.util
 import inspect
 import signal
 import subprocess
-import sys
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -80,8 +79,10 @@ class PythonParams(BaseModel):
         module, _, name = target.partition(":")
         if not (name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
             raise ValueError(f"{target!r} is not module:function (e.g. mypkg.tools:main)")
-        plan_file = (info.context or {}).get("plan_file")
-        if plan_file is not None and not _module_found(module):
+        context = info.context or {}
+        plan_file = context.get("plan_file")
+        memo = context.setdefault("memo", {}).setdefault("python.modules", {})
+        if plan_file is not None and not _module_found(module, memo):
             top = module.partition(".")[0]
             raise ValueError(
                 f"module {top!r} not found (searched from {plan_file}'s folder and sys.path)"
@@ -89,24 +90,18 @@ class PythonParams(BaseModel):
         return target
 
 
-def _module_found(module: str) -> bool:
+def _module_found(module: str, memo: dict[str, bool]) -> bool:
     """Whether the top-level package of `module` can be found, without running any of it.
     Only the top level: finding `pkg.sub` imports `pkg` (its __init__ runs), and validating a
-    plan runs none of the user's code; a missing `sub` shows when the task runs."""
+    plan runs none of the user's code; a missing `sub` shows when the task runs. `memo`: the
+    load's answers (a search of sys.path costs ~10 us: once a load, not once a task)."""
     top = module.partition(".")[0]
-    where = (top, tuple(sys.path))
-    if where in _FOUND:  # a search of sys.path costs ~10 us: once a load, not once a task
-        return True
-    try:
-        found = importlib.util.find_spec(top) is not None
-    except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
-        found = True
-    if found:  # a module not found is looked for again: it may be written meanwhile
-        _FOUND.add(where)
-    return found
-
-
-_FOUND: set[tuple[str, tuple[str, ...]]] = set()  # (module, sys.path) where it was found
+    if top not in memo:
+        try:
+            memo[top] = importlib.util.find_spec(top) is not None
+        except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
+            memo[top] = True
+    return memo[top]
 
 
 class PythonTask(Task[PythonParams]):

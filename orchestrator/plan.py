@@ -13,10 +13,9 @@ import heapq
 import json
 import os
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import MappingProxyType
 from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
@@ -401,9 +400,12 @@ def _load_plan(
     upstream, order = _check_graph(src, specs, raw_ids, issues, suggest)
     planned: dict[str, PlannedTask] = {}
     ids = set(raw_ids)
+    # What the kinds' param validators are told: a plan is being checked (builtins' `python`
+    # then looks for its module), and a memo of theirs for this load (modules found).
+    context: dict[str, Any] = {"plan_file": Path(src.file).name, "memo": {}}
     for i, spec in specs:
         task = _plan_task(
-            src, ("tasks", i), spec, variables, ids, upstream, issues, suggest, secrets
+            src, ("tasks", i), spec, variables, ids, upstream, issues, suggest, context, secrets
         )
         if task is not None:
             planned.setdefault(spec.id, task)
@@ -413,7 +415,7 @@ def _load_plan(
         # task, any task (one that did not run leaves no finding: the guard then fails).
         upstream.graph[guard.spec.id] = [guard.protects] if guard.protects else list(ids)
         task = _plan_task(
-            src, where, guard.spec, variables, ids, upstream, issues, suggest, secrets
+            src, where, guard.spec, variables, ids, upstream, issues, suggest, context, secrets
         )
         if task is not None:
             task.role, task.protects = guard.role, guard.protects
@@ -699,8 +701,10 @@ def _plan_task(
     upstream: Upstream,
     issues: list[PlanIssue],
     suggest: Suggester,
+    context: dict[str, Any],
     secrets: frozenset[str] = frozenset(),
 ) -> PlannedTask | None:
+    """`context`: what the kinds' param validators are told, one for the load (_load_plan)."""
     label = f"task {spec.id!r}"
     before = len(issues)
 
@@ -730,7 +734,9 @@ def _plan_task(
     # per param, so the error names its line
     refs = {key: check_refs(value, (*where, "params", key)) for key, value in spec.params.items()}
     if cls is not None:
-        _validate_params(src, (*where, "params"), label, cls, spec.params, refs, variables, issues)
+        _validate_params(
+            src, (*where, "params"), label, cls, spec.params, refs, variables, issues, context
+        )
     if isinstance(spec.when, str):
         if (problem := _when_problem(spec.when)) is not None:
             issues.append(src.issue((*where, "when"), f"{label}: {problem}"))
@@ -763,6 +769,7 @@ def _plan_task(
             param_refs,
             variables,
             issues,
+            context,
         )
         checks.append(
             PlannedCheck(check.kind, check_cls, params, check.wait, check.every, src.line(at))
@@ -828,12 +835,6 @@ def _ref_problems(
     return []
 
 
-@functools.lru_cache(maxsize=16)
-def _params_context(file: str) -> Mapping[str, str]:
-    """The validation context of a plan's params, made once a file, not once a task."""
-    return MappingProxyType({"plan_file": Path(file).name})
-
-
 def _validate_params(
     src: Located,
     at: Path_,
@@ -843,6 +844,7 @@ def _validate_params(
     refs: dict[str, list[Ref] | None],
     variables: dict[str, Any],
     issues: list[PlanIssue],
+    context: dict[str, Any],
 ) -> None:
     """Validate params against the kind's model now; fields that use findings wait for run time.
 
@@ -875,7 +877,7 @@ def _validate_params(
         view |= {k: None for k in deferred if k not in cls.Params.model_fields}
         # `plan_file` tells a kind's validators that a plan is being checked (builtins'
         # `python` then looks for its module).
-        cls.Params.model_validate(view, context=_params_context(src.file))
+        cls.Params.model_validate(view, context=context)
     except ValidationError as exc:
         fields = list(cls.Params.model_fields)
         for e in exc.errors():

@@ -1552,9 +1552,9 @@ def test_orch_validate_tells_a_newcomer_s_mistakes_plainly(tmp_path: Path) -> No
 
 
 def test_a_python_module_not_found_is_looked_for_again_at_the_next_load(tmp_path: Path) -> None:
-    """Only modules found are remembered (a search of sys.path per task would cost ~10 us):
-    one written after a failed load is found by the next load in the same process (the MCP
-    server validates plans for as long as it lives)."""
+    """Modules are looked for once a load (a search of sys.path per task would cost ~10 us),
+    afresh at each load: one written after a failed load is found by the next load in the same
+    process (the MCP server validates plans for as long as it lives)."""
     name = f"written_later_{os.getpid()}"
     path = write(
         tmp_path,
