@@ -168,7 +168,8 @@ def test_any_damage_to_the_store_is_an_outcome_not_a_traceback(
     pristine: Path, at: int, junk: bytes
 ) -> None:
     """Bytes overwritten anywhere (the header, or any page): each reading command either works
-    or exits 2 with an `orch:` message; nothing raises."""
+    or exits 2 with an `orch:` message; nothing raises. (A byte inside a row's text passes
+    SQLite's checks: `orch logs` may then find no log where the row says, its own exit 1.)"""
     original = pristine.read_bytes()
     offset = at % len(original)
     damaged = original[:offset] + junk + original[offset + len(junk) :]
@@ -183,7 +184,13 @@ def test_any_damage_to_the_store_is_an_outcome_not_a_traceback(
     ):
         with contextlib.chdir(pristine.parent):  # the log's path is kept relative to here
             r = CliRunner().invoke(cli, [*args, "--store", str(store)])
-        assert r.exit_code in (0, 2), (args, r.exit_code, r.output, r.exception)
+        no_log = args[0] == "logs" and r.output == "no output recorded for a\n"
+        assert r.exit_code in (0, 2) or (r.exit_code == 1 and no_log), (
+            args,
+            r.exit_code,
+            r.output,
+            r.exception,
+        )
         assert r.exception is None or isinstance(r.exception, SystemExit), (args, r.exception)
         if r.exit_code == 2:
             assert r.output.startswith(f"orch: {store}"), r.output
