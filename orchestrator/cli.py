@@ -1084,8 +1084,8 @@ def todo_add(
 def todo_set(
     plan_file: Path, task_id: str, status_word: str, store_opt: str | None, note: str | None
 ) -> None:
-    """Set the status of todo ID (one with no kind): pending, in_progress, completed,
-    cancelled, failed, blocked."""
+    """Set the status of todo ID (one with no kind) to any status of the board: pending,
+    in_progress, completed, skipped (or cancelled), failed, blocked, interrupted, waiting."""
     from . import todos
 
     store = _open_writable(_store_path(store_opt, None, plan_file))

@@ -364,3 +364,14 @@ def test_any_todowrite_list_merges_or_is_refused_and_the_board_stays_one_list(
         assert len(store.todos()) == len(rows)
     finally:
         store.close()
+
+
+def test_todo_set_help_names_every_status_it_takes() -> None:
+    """The help of `orch todo set` lists what status_of accepts (it listed 6 of 9)."""
+    from click.testing import CliRunner
+
+    from orchestrator.cli import cli
+    from orchestrator.todos import STATUS_WORDS
+
+    shown = CliRunner().invoke(cli, ["todo", "set", "--help"]).output
+    assert [w for w in STATUS_WORDS if w not in shown] == []
