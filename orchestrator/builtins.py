@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import importlib.util
 import inspect
@@ -19,7 +18,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationIn
 from .durations import format_seconds
 from .errors import TaskError, TaskTimeout
 from .findings import Finding
-from .process import LOG_LIMIT, terminate_group
+from .process import LOG_LIMIT, raise_in_thread, terminate_group
 from .sizes import parse_size
 from .task import CheckResult, Command, Context, Precondition, Task
 from .umask import user_umask
@@ -188,9 +187,7 @@ def _thread_alarm(seconds: float, message: str) -> Iterator[None]:
     def expire() -> None:
         with lock:  # never once the block has ended
             if not state["done"]:
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(tid), ctypes.py_object(TaskTimeout)
-                )
+                raise_in_thread(tid, TaskTimeout)
 
     timer = threading.Timer(seconds, expire)
     timer.daemon = True
@@ -204,7 +201,7 @@ def _thread_alarm(seconds: float, message: str) -> Iterator[None]:
             state["done"] = True
         timer.cancel()
         # One set just before `done` and not yet raised must not land after the block.
-        ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(tid), ctypes.c_void_p(0))
+        raise_in_thread(tid, None)
 
 
 class CommandParams(BaseModel):

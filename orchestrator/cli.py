@@ -27,6 +27,8 @@ from .errors import (
 )
 
 if TYPE_CHECKING:
+    import sqlite3
+
     from .plan import Plan
     from .store import Store
 
@@ -723,12 +725,7 @@ def logs(
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
     try:
-        row = store.todo(task_id)
-        if row is None:
-            from .errors import did_you_mean
-
-            known = [r["id"] for r in store.todos()]
-            raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
+        row = _task_row(store, path, task_id)
         if run_id and not any(r["id"] == run_id for r in store.runs(limit=1_000_000)):
             raise UsageError(f"{path} has no run #{run_id}")
         log = (
@@ -825,11 +822,8 @@ def history(
     store = _open_store(path)
     try:
         if task_id or transitions:
-            if task_id and store.todo(task_id) is None:  # a removed task's row stays, hidden
-                from .errors import did_you_mean
-
-                known = [r["id"] for r in store.todos()]
-                raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
+            if task_id:  # a removed task's row stays, hidden: its history shows
+                _task_row(store, path, task_id)
             rows = [dict(r) for r in store.transitions(task_id, limit)]
             for r in rows:
                 r["at"] = iso(r["at"])
@@ -1255,6 +1249,17 @@ def _store_path(store_opt: str | None, plan: Plan | None, plan_file: Path | None
         raise UsageError("no store found here: give the PLAN, --store PATH or ORCH_STORE")
     listing = ", ".join(str(p.relative_to(Path.cwd())) for p in found)
     raise UsageError(f"several stores here ({listing}): choose one with PLAN or --store")
+
+
+def _task_row(store: Store, path: Path, task_id: str) -> sqlite3.Row:
+    """The store's row of `task_id`; a usage error with a did-you-mean if it has none."""
+    row = store.todo(task_id)
+    if row is None:
+        from .errors import did_you_mean
+
+        known = [r["id"] for r in store.todos()]
+        raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
+    return row
 
 
 def _open_store(path: Path) -> Store:

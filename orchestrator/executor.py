@@ -7,7 +7,6 @@ and each task's state lives in the store, so a worker pool can replace the inner
 
 from __future__ import annotations
 
-import ctypes
 import graphlib
 import hashlib
 import heapq
@@ -41,7 +40,7 @@ from .guards import note as guard_note
 from .liveness import close_dead_runs, current_identity
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
-from .process import INTERRUPTS, tail
+from .process import INTERRUPTS, raise_in_thread, tail
 from .resources import LEASE_KIND, release_all
 from .selection import Action, Selection, decide
 from .snapshot import remember_stale
@@ -540,9 +539,7 @@ class Runner:
         task alone does; then the run ends. A second Ctrl-C meanwhile is passed on too."""
         while running:
             for tid in list(self.threads.values()):
-                ctypes.pythonapi.PyThreadState_SetAsyncExc(
-                    ctypes.c_ulong(tid), ctypes.py_object(KeyboardInterrupt)
-                )
+                raise_in_thread(tid, KeyboardInterrupt)
             try:
                 done, _ = wait(running, timeout=0.5)
             except KeyboardInterrupt:

@@ -377,3 +377,13 @@ def tail(path: Path, count: int, offset: int = 0) -> list[str]:
         return []
     lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-count:]
+
+
+def raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> None:
+    """`exc` raised in the thread `thread_id` at its next Python instruction (how Ctrl-C and a
+    timeout reach a task's thread, where no signal can be handled); None clears one set there
+    and not yet raised."""
+    import ctypes  # only for tasks in threads: not on every start
+
+    pending = ctypes.py_object(exc) if exc is not None else ctypes.c_void_p(0)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)
