@@ -285,6 +285,7 @@ def doit_rows(
     at: dict[int, list[str]] = {}
     orch_at: dict[int, list[str]] = {1000: orch_run}
     clears: dict[str, Thunk] = {}
+    floor_at: dict[int, list[str]] = {}  # the design's fixed parts alone (FLOOR)
     for n in (1000, BIG):
         folder = tmp / f"doit{n}"
         folder.mkdir()
@@ -292,13 +293,12 @@ def doit_rows(
         dodo.write_text(DODO.format(n=n))
         at[n] = ["-f", str(dodo), "--dir", str(folder)]
         clears[f"doit{n}"] = partial(_unlink_all, folder, ".doit.db*")
+        floor = tmp / f"floor{n}.db"
+        floor_at[n] = [PYTHON, "-c", FLOOR, str(tmp / f"chain{n}.yaml"), str(floor)]
+        clears[f"floor{n}"] = fresh(floor)
     plan_big, store_big = write_plan(tmp, "chain", BIG), tmp / f"chain{BIG}-vs-doit.db"
     orch_at[BIG] = [ORCH, "run", str(plan_big), "-q", "--store", str(store_big)]
     clears["orch1000"], clears[f"orch{BIG}"] = clear_store, fresh(store_big)
-    floor_at = {n: [PYTHON, "-c", FLOOR, str(tmp / f"chain{n}.yaml"), str(tmp / f"floor{n}.db")]
-                for n in (1000, BIG)}  # fmt: skip
-    for n in (1000, BIG):
-        clears[f"floor{n}"] = partial(_unlink_all, tmp, f"floor{n}.db*")
 
     passes: list[float] = []
     runs: dict[tuple[str, int], list[float]] = {}
