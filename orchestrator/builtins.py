@@ -118,7 +118,7 @@ class PythonTask(Task[PythonParams]):
         kwargs = dict(self.params.args)
         if _accepts_ctx(func):
             kwargs["ctx"] = ctx
-        with _alarm(ctx.remaining()):
+        with _alarm(ctx.remaining(), ctx.timeout):
             result = func(**kwargs)
         for finding in _findings_from(result):
             ctx.finding(finding.key, finding.value, finding.unit, finding.note)
@@ -154,7 +154,7 @@ def _findings_from(result: object) -> Iterator[Finding]:
 
 
 @contextmanager
-def _alarm(seconds: float | None) -> Iterator[None]:
+def _alarm(seconds: float | None, timeout: float | None = None) -> Iterator[None]:
     """TaskTimeout in this thread once `seconds` have passed: SIGALRM in the main thread; in
     a worker thread (`--jobs`), where no signal can be handled, an asynchronous exception (as
     Ctrl-C reaches the tasks' threads: Runner.stop_threads). Either lands at the next Python
@@ -162,7 +162,8 @@ def _alarm(seconds: float | None) -> Iterator[None]:
     if seconds is None:
         yield
         return
-    message = f"timed out after {format_seconds(seconds)}"
+    # The task's timeout, as written, not what was left of it when the call began.
+    message = f"timed out after {format_seconds(seconds if timeout is None else timeout)}"
     if threading.current_thread() is not threading.main_thread():
         with _thread_alarm(seconds, message):
             yield

@@ -694,6 +694,7 @@ class Runner:
             },
             approval,
             stall_policy(task),
+            timeout,
         )
         try:
             task.cls(params).run(ctx)

@@ -93,6 +93,7 @@ class Context:
     env: Mapping[str, str] = field(default_factory=dict)  # marks processes as this task's
     approval: Mapping[str, Any] | None = None  # an approval gate's, once approved
     stall: StallPolicy | None = None  # the task's stall_after and on_stall (stalls.py)
+    timeout: float | None = None  # the task's own, in seconds, to name it (deadline is when)
 
     def finding(
         self, key: str, value: FindingValue, unit: str | None = None, note: str | None = None
