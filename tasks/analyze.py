@@ -96,6 +96,7 @@ from pydantic import (
     PrivateAttr,
     StringConstraints,
     ValidationError,
+    ValidationInfo,
     model_validator,
 )
 
@@ -116,7 +117,9 @@ PROBLEM = "MEASUREMENT PROBLEM"
 # input_*, temperature, ignore_eos, api, seed, ...) shapes the workload: if it differs, the
 # two results measure different work and no speed-up is computed.
 NAMING_KEYS = frozenset({"tool", "label"})
-MEASURING_KEYS = frozenset({"requests", "warmup", "stability", "min_windows", "max_windows"})
+MEASURING_KEYS = frozenset(
+    {"requests", "warmup", "stability", "min_windows", "max_windows", "client_cpus"}
+)
 
 
 # --- the math (serving-reference.md section 4 unless said otherwise) ---------------------------
@@ -369,15 +372,20 @@ class Result(BaseModel):
         return self._origin
 
 
-def _result_or_path(value: Any) -> Any:
-    """A result inline, or the path of its JSON file (read when the task runs)."""
+def _result_or_path(value: Any, info: ValidationInfo) -> Any:
+    """A result inline, or the path of its JSON file (read when the task runs). A figure
+    written in the plan itself that no definition allows is a plan error (the plan's loader
+    passes `plan_file`); measured, or handed on from a finding, it is a measurement problem."""
     if isinstance(value, str | Result):
         return value
     if not isinstance(value, dict):
         raise ValueError(
             "give a benchmark result (a mapping with `levels`) or the path of its JSON file"
         )
-    return Result.model_validate(value)
+    result = Result.model_validate(value)
+    if (info.context or {}).get("plan_file") is not None and (problems := literal_problems(result)):
+        raise ValueError("; ".join(problems) + ": no definition allows this figure")
+    return result
 
 
 ResultRef = Annotated[Result | str, PlainValidator(_result_or_path)]
@@ -389,6 +397,13 @@ class CompareParams(BaseModel):
 
     baseline: ResultRef
     candidates: dict[Name, ResultRef] = Field(min_length=1)
+    baseline_again: ResultRef | None = Field(
+        None,
+        description="the baseline measured again after the candidates, on a fresh launch "
+        "(A/B/A): a level where the two disagree beyond their windows and the noise margin "
+        "is inconclusive for every candidate; elsewhere the baseline's interval covers both "
+        "launches and each candidate's is widened by their distance",
+    )
     noise: float = Field(
         0.03,
         ge=0,
@@ -407,6 +422,13 @@ class CompareParams(BaseModel):
         "speculative step costing more than k+1 + k * this many decode "
         "steps is flagged; 0 takes drafts as free, 1 allows a draft "
         "model as large as the target",
+    )
+    draft_cost: float = Field(
+        0.0,
+        ge=0,
+        description="the draft/target cost ratio a draft step has at least, as the draft's "
+        "size says (the target's own size: 1): a speed-up above tau / (k * this + 1), the "
+        "candidate's ceiling, is a measurement problem; 0 takes drafts as free (ceiling tau)",
     )
 
 
@@ -479,29 +501,57 @@ def _value(value: object) -> str:
 
 # --- the analysis --------------------------------------------------------------------------------
 
-Outcome = Literal["win", "even", "loss"]
+Outcome = Literal["win", "even", "loss", "inconclusive"]
+
+
+def level_bounds(level: Level) -> tuple[float, float]:
+    """[min, max] of a level's windows' tok/s; [v, v] for a level measured once. Widened to take
+    in the median, should it lie outside (flagged), so the ratio bounds stay bounds."""
+    iv, tok_s = level.interval, level.output_tok_s
+    if iv is None or iv.output_tok_s is None:
+        return tok_s, tok_s
+    return min(iv.output_tok_s[0], tok_s), max(iv.output_tok_s[1], tok_s)
 
 
 @dataclass(frozen=True)
 class Point:
-    """A level at the concurrency it really ran at."""
+    """A level at the concurrency it really ran at; for a baseline measured again after the
+    candidates (a second server launch), both launches' measurements of that level."""
 
     level: Level
     concurrency: float  # in flight: achieved (the windows' median); else min(requested, cap)
     inferred: bool  # in flight not measured but taken from the server's cap
+    again: Level | None = None  # the same level on the second launch
+    moved: bool = False  # the launches disagree beyond their windows and the noise margin
 
     @property
     def tok_s(self) -> float:
-        return self.level.output_tok_s
+        """The median; over two launches, the mean of their medians."""
+        if self.again is None:
+            return self.level.output_tok_s
+        return (self.level.output_tok_s + self.again.output_tok_s) / 2
 
     @property
     def bounds(self) -> tuple[float, float]:
-        """[min, max] of the windows' tok/s; [v, v] for a level measured once. Widened to take
-        in the median, should it lie outside (flagged), so the ratio bounds stay bounds."""
-        iv = self.level.interval
-        if iv is None or iv.output_tok_s is None:
-            return self.tok_s, self.tok_s
-        return min(iv.output_tok_s[0], self.tok_s), max(iv.output_tok_s[1], self.tok_s)
+        """[min, max] over the windows of every launch measured."""
+        if self.again is None:
+            return level_bounds(self.level)
+        (lo, hi), (lo2, hi2) = level_bounds(self.level), level_bounds(self.again)
+        return min(lo, lo2), max(hi, hi2)
+
+    @property
+    def launch_spread(self) -> float:
+        """How far the launches' medians lie apart, relative to their mean: what changes from
+        one launch to the next, which one launch's windows cannot show. 0 for one launch."""
+        if self.again is None:
+            return 0.0
+        a, b = self.level.output_tok_s, self.again.output_tok_s
+        return abs(a - b) / ((a + b) / 2)
+
+    @property
+    def unstable(self) -> list[Level]:
+        """The launches' levels whose windows never agreed."""
+        return [lv for lv in (self.level, self.again) if lv is not None and lv.stable is False]
 
     @property
     def windows(self) -> int | None:
@@ -514,9 +564,9 @@ class Point:
 
     @property
     def once(self) -> bool:
-        """Measured once, no spread known: a v1 level, or a single window."""
+        """Measured once, no spread known: a v1 level, or a single window (of one launch)."""
         iv = self.level.interval
-        return iv is None or iv.output_tok_s is None or self.windows == 1
+        return self.again is None and (iv is None or iv.output_tok_s is None or self.windows == 1)
 
     @property
     def per_request(self) -> float:
@@ -535,6 +585,26 @@ def points(result: Result) -> list[Point]:
     return out
 
 
+def baseline_points(base: Result, again: Result | None, noise: float) -> list[Point]:
+    """The baseline's levels, each with its second launch's measurement where one was made at
+    the same requested concurrency. Two launches moved apart when their windows' intervals,
+    each widened by the noise margin, do not overlap: the host drifted between them, and no
+    candidate measured in between can be told from the drift."""
+    first = points(base)
+    if again is None:
+        return first
+    second = {p.level.concurrency: p for p in points(again)}
+    out = []
+    for p in first:
+        if (q := second.get(p.level.concurrency)) is None:
+            out.append(p)
+            continue
+        (lo, hi), (lo2, hi2) = level_bounds(p.level), level_bounds(q.level)
+        moved = lo * (1 - noise) > hi2 * (1 + noise) or lo2 * (1 - noise) > hi * (1 + noise)
+        out.append(Point(p.level, (p.concurrency + q.concurrency) / 2, p.inferred, q.level, moved))
+    return out
+
+
 @dataclass(frozen=True)
 class Match:
     """A candidate level and the baseline level at (about) the same achieved concurrency."""
@@ -549,8 +619,12 @@ class Match:
 
     @property
     def bounds(self) -> tuple[float, float]:
-        """[candidate min / baseline max, candidate max / baseline min] over the windows."""
+        """[candidate min / baseline max, candidate max / baseline min] over the windows. Where
+        the baseline ran on two launches, the candidate's single launch is widened by the
+        baseline's launch spread at that level: between launches it varies as much."""
         (c_lo, c_hi), (b_lo, b_hi) = self.cand.bounds, self.base.bounds
+        d = self.base.launch_spread
+        c_lo, c_hi = c_lo * (1 - d), c_hi * (1 + d)
         return c_lo / b_hi, (c_hi / b_lo if b_lo > 0 else math.inf)
 
     @property
@@ -714,11 +788,13 @@ class Verdict:
     noise: float
     tolerance: float
     max_draft_cost: float = 0.0  # the draft/target cost ratio the step-cost check allows
+    draft_cost: float = 0.0  # the draft/target cost ratio the draft's size gives: the ceiling's
     break_even: BreakEven | None = None
     problems: list[str] = field(default_factory=list)  # MEASUREMENT PROBLEM: ...
     notes: list[str] = field(default_factory=list)
     verdict: str = ""
     pays: bool = False
+    base_cap: int | None = None  # the baseline server's max_running_requests
 
     @property
     def capped(self) -> bool:
@@ -730,13 +806,78 @@ class Verdict:
         return max(self.base_points, key=lambda p: p.tok_s, default=None)
 
     def outcome(self, m: Match) -> Outcome:
-        """A win only when the interval's low end is above 1 + noise, a loss only when its high
-        end is below 1 - noise: a speed-up the windows' spread can explain is even."""
+        """Inconclusive where either side never settled or the baseline moved between its
+        launches; else a win only when the interval's low end is above 1 + noise, a loss only
+        when its high end is below 1 - noise: a speed-up the spread can explain is even."""
+        if self.inconclusive(m):
+            return "inconclusive"
         lo, hi = m.bounds
         return "win" if lo > 1 + self.noise else "loss" if hi < 1 - self.noise else "even"
 
+    def inconclusive(self, m: Match) -> list[str]:
+        """Why no win or loss can be read from this level: 'baseline unstable (spread 23%)'."""
+        why = [
+            f"{who} unstable" + (f", spread {lv.spread:.0%}" if lv.spread is not None else "")
+            for who, p in (("candidate", m.cand), ("baseline", m.base))
+            for lv in p.unstable
+        ]
+        if m.base.moved and m.base.again is not None:
+            why.append(
+                f"baseline moved between its launches, {ft(m.base.level.output_tok_s)} then "
+                f"{ft(m.base.again.output_tok_s)} tok/s"
+            )
+        return why
+
     def at(self, outcome: Outcome) -> list[Match]:
         return [m for m in self.matches if self.outcome(m) == outcome]
+
+    @property
+    def capacity(self) -> Match | None:
+        """The candidate's peak against the baseline's: the most each configuration served over
+        the levels measured, at whatever concurrency each reached it. A capacity, not a
+        speed-up: the two peaks may lie at different concurrencies. None where the candidate
+        was not loaded as far as the baseline's peak: its own peak may lie beyond."""
+        if self.differ or not self.points or (base := self.base_peak) is None:
+            return None
+        if max(p.level.concurrency for p in self.points) < base.level.concurrency:
+            return None
+        return Match(max(self.points, key=lambda p: p.tok_s), base)
+
+    def capacity_text(self) -> str | None:
+        """'capacity 0.52x (0.47-0.58): peak 2279 tok/s at concurrency 8 (cap 8) against the
+        baseline's 4432 tok/s at concurrency 8 (cap 8)', and what limits the comparison."""
+        if (m := self.capacity) is None:
+            return None
+        cand_cap = self.result.server.max_running_requests
+
+        def where(p: Point, cap: int | None) -> str:
+            return f"at concurrency {self.name_of(p)}" + (f" (cap {cap})" if cap else "")
+
+        text = (
+            f"capacity {fx(m.speedup)}"
+            + (f" ({m.spread_text})" if m.spread_text else "")
+            + f": peak {ft(m.cand.tok_s)} tok/s {where(m.cand, cand_cap)} against the "
+            f"baseline's {ft(m.base.tok_s)} tok/s {where(m.base, self.base_cap)}"
+        )
+        if cand_cap is not None and cand_cap < m.base.concurrency * (1 - self.tolerance):
+            text += (
+                f"; capped at {cand_cap} running requests, fewer than the "
+                f"{fc(m.base.concurrency)} in flight at the baseline's peak"
+            )
+        tops = [
+            who
+            for who, p, pts in (
+                ("candidate", m.cand, self.points),
+                ("baseline", m.base, self.base_points),
+            )
+            if len(pts) > 1 and p is max(pts, key=lambda q: q.concurrency)
+        ]
+        if tops:
+            text += (
+                f"; the {' and the '.join(tops)} peaked at the highest concurrency measured: "
+                "more load may serve more"
+            )
+        return text
 
     @property
     def c1(self) -> Match | None:
@@ -878,10 +1019,13 @@ def compare(
     noise: float = 0.03,
     tolerance: float = 0.1,
     max_draft_cost: float = 0.0,
+    again: Result | None = None,
+    draft_cost: float = 0.0,
 ) -> Verdict:
     """Speed-ups level by level at equal achieved concurrency, with intervals; the cap;
-    acceptance; physics checks; the verdict."""
-    cpts, bpts = points(cand), points(base)
+    acceptance; physics checks; the verdict. `again`: the baseline measured again after the
+    candidates, on a fresh launch (see baseline_points)."""
+    cpts, bpts = points(cand), baseline_points(base, again, noise)
     differ = workload_differences(base, cand)
     v = Verdict(
         name,
@@ -894,14 +1038,17 @@ def compare(
         differ,
         noise,
         tolerance,
-        max_draft_cost,
+        max(max_draft_cost, draft_cost),
+        draft_cost,
     )
+    v.base_cap = base.server.max_running_requests
     v.break_even = _break_even(v, bpts)
     v.problems = measurement_problems(v, base)
     v.notes = _notes(v, base)
     # Mixed results do not pay: a loss somewhere means it cannot simply be switched on; where
-    # it wins is in NAME.wins_at. Impossible figures do not pay either: they are not evidence.
-    v.pays = bool(v.at("win")) and not v.at("loss") and not v.problems
+    # it wins is in NAME.wins_at. Impossible figures do not pay either: they are not evidence;
+    # nor does a sweep with an inconclusive level, which may hide the loss.
+    v.pays = bool(v.at("win")) and not v.at("loss") and not v.at("inconclusive") and not v.problems
     v.verdict = _verdict_text(v, base)
     return v
 
@@ -929,10 +1076,18 @@ def measurement_problems(v: Verdict, base: Result) -> list[str]:
     out = list(v.acceptance.problems) if v.acceptance else []
     out += _interval_problems("baseline", base) + _interval_problems("candidate", v.result)
     if (acc := v.acceptance) is not None:
-        out += _level_tau_problems(v, acc)
+        out += _level_tau_problems(v.result.levels, acc.k)
         if not acc.problems:
             out += _step_problems(v, acc)
     return out
+
+
+def literal_problems(result: Result) -> list[str]:
+    """Figures of a result that its own definitions forbid, whatever it is compared with."""
+    spec, out = result.spec, _interval_problems("the level", result)
+    if spec is None or (k := spec.k) is None:
+        return out
+    return _acceptance_problems(spec, k) + _level_tau_problems(result.levels, k) + out
 
 
 def _interval_problems(who: str, result: Result) -> list[str]:
@@ -950,33 +1105,45 @@ def _interval_problems(who: str, result: Result) -> list[str]:
     return out
 
 
-def _level_tau_problems(v: Verdict, acc: Acceptance) -> list[str]:
+def _level_tau_problems(levels: Sequence[Level], k: int) -> list[str]:
+    """Each level's own tau (bench.serve measures it per level) outside [1, k+1]."""
     out = []
-    for p in v.points:
-        raw = (p.level.spec or {}).get("accept_length")
-        if isinstance(raw, int | float) and not isinstance(raw, bool) and not acc.in_range(raw):
+    for lv in sorted(levels, key=lambda lv: lv.concurrency):
+        raw = (lv.spec or {}).get("accept_length")
+        if not isinstance(raw, int | float) or isinstance(raw, bool):
+            continue
+        if not 1 - 1e-9 <= raw <= k + 1 + 1e-9:
             out.append(
-                f"accept length tau = {raw:.2f} at concurrency {p.level.concurrency} is "
-                f"outside [1, k+1] = [1, {acc.k + 1}]"
+                f"accept length tau = {raw:.2f} at concurrency {lv.concurrency} is "
+                f"outside [1, k+1] = [1, {k + 1}]"
             )
     return out
 
 
 def _step_problems(v: Verdict, acc: Acceptance) -> list[str]:
-    """Section 4: S = tau / (spec step / decode step). A step costs at least one decode step
-    (its verify pass), so S <= tau; verifying k+1 tokens costs at most k+1 decode steps even
-    compute-bound, and k drafts k * max_draft_cost more. Both checked beyond the interval and
-    the noise margin, so only what the windows cannot explain is flagged."""
+    """Section 4: S = tau / (spec step / decode step). A step costs at least its verify pass
+    (one decode step) and k drafts at draft_cost each, so S <= tau / (k * draft_cost + 1), tau
+    with free drafts; verifying k+1 tokens costs at most k+1 decode steps even compute-bound,
+    and k drafts k * max_draft_cost more. Both checked beyond the interval and the noise
+    margin, so only what the spread cannot explain is flagged."""
     ms = sorted(v.matches, key=lambda m: m.cand.concurrency)
     taus = {id(m): level_tau(m.cand.level, acc) for m in ms}
-    fast = [m for m in ms if m.bounds[0] > taus[id(m)] * (1 + v.noise)]
+    floor = acc.k * v.draft_cost + 1  # the cheapest a speculative step can be, in decode steps
+    fast = [m for m in ms if m.bounds[0] > taus[id(m)] / floor * (1 + v.noise)]
     slow = [m for m in ms if taus[id(m)] / m.bounds[1] > v.step_limit(acc) * (1 + v.noise)]
     out = []
     if fast:
+        tau_text = _nums([taus[id(m)] for m in fast], ".2f")
+        ceiling = (
+            f"tau = {tau_text}, the ceiling even with free drafts"
+            if not v.draft_cost
+            else f"its ceiling tau / (k * draft_cost + 1) = "
+            f"{_nums([taus[id(m)] / floor for m in fast], '.2f')} (tau = {tau_text}, k = "
+            f"{acc.k}, each draft {v.draft_cost:g} target steps)"
+        )
         out.append(
             f"speed-up {_span([m.speedup for m in fast])} at concurrency {_names(v, fast)}"
-            f" exceeds tau = {_nums([taus[id(m)] for m in fast], '.2f')}, the ceiling "
-            "even with free drafts"
+            f" exceeds {ceiling}"
         )
     if slow:
         costs = [taus[id(m)] / m.speedup for m in slow]
@@ -1087,6 +1254,12 @@ def _levels_text(v: Verdict) -> str:
     else:
         where = f"at every concurrency measured ({', '.join(names)})"
         figure = _span([m.speedup for m in ms])
+    if outcome == "inconclusive":
+        why = "; ".join(
+            ("" if len(ms) == 1 else f"at {v.name_of(m.cand)} ") + ", ".join(v.inconclusive(m))
+            for m in ms
+        )
+        return f"inconclusive {where}: {why}"
     return {
         "win": f"speculation pays {where}: {figure}",
         "even": f"no speed-up: even {where}: {figure}",
@@ -1104,9 +1277,19 @@ def _mixed(v: Verdict, ms: list[Match]) -> str:
             groups.append((v.outcome(m), [m]))
     parts = []
     for i, (outcome, group) in enumerate(groups):
-        verb = {"win": "wins", "even": "even", "loss": "loses"}[outcome]
+        verb = {"win": "wins", "even": "even", "loss": "loses", "inconclusive": "inconclusive"}[
+            outcome
+        ]
         items = [
-            v.name_of(m.cand) + ("" if outcome == "even" else f" ({_figure(m)})") for m in group
+            v.name_of(m.cand)
+            + (
+                ""
+                if outcome == "even"
+                else f" ({', '.join(v.inconclusive(m))})"
+                if outcome == "inconclusive"
+                else f" ({_figure(m)})"
+            )
+            for m in group
         ]
         parts.append(f"{verb} at {'concurrency ' if i == 0 else ''}{_and(items)}")
     return ", ".join(parts)
@@ -1125,7 +1308,6 @@ def _details(v: Verdict, base: Result) -> list[str]:
                 f"not compared at concurrency {', '.join(lone)}: no baseline level with "
                 "that many in flight"
             )
-        out += _unstable(v)
         out += _once(v)
     acc = v.acceptance
     if acc is not None and acc.tau <= 1 + v.noise and v.points and not v.differ:
@@ -1139,26 +1321,6 @@ def _details(v: Verdict, base: Result) -> list[str]:
         )
     if (runs := _runs(base, v.result)) is not None:
         out.append(runs)
-    return out
-
-
-def _unstable(v: Verdict) -> list[str]:
-    """Levels whose last windows did not agree (bench.serve's stability threshold)."""
-    out = []
-    for who, pts in (("", [m.cand for m in v.matches]), ("baseline ", [m.base for m in v.matches])):
-        shaky = sorted(
-            {p.level.concurrency: p for p in pts if p.level.stable is False}.values(),
-            key=lambda p: p.level.concurrency,
-        )
-        if shaky:
-            out.append(
-                f"{who}unstable at concurrency "
-                + ", ".join(
-                    str(p.level.concurrency)
-                    + (f" (spread {p.level.spread:.0%})" if p.level.spread is not None else "")
-                    for p in shaky
-                )
-            )
     return out
 
 
@@ -1185,12 +1347,14 @@ def _runs(base: Result, cand: Result) -> str | None:
 
 
 def _windows_text(p: Point) -> str:
+    if p.again is not None:
+        return f"2 launches ({ft(p.level.output_tok_s)} then {ft(p.again.output_tok_s)} tok/s)"
     if p.once:
         return "measured once"
     return f"{p.windows} windows" if p.windows is not None else "windows not counted"
 
 
-def _match_note(m: Match, outcome: Outcome) -> str:
+def _match_note(m: Match, v: Verdict) -> str:
     """'1.21-1.62, 5 windows vs 3 windows: win; 89 vs 63.6 tok/s'."""
     spread = m.spread_text
     head = (
@@ -1198,6 +1362,13 @@ def _match_note(m: Match, outcome: Outcome) -> str:
         if spread
         else "measured once: no spread known"
     )
+    if m.base.launch_spread:
+        head += (
+            f", the candidate widened by the baseline's launch spread {m.base.launch_spread:.0%}"
+        )
+    outcome: str = v.outcome(m)
+    if outcome == "inconclusive":
+        outcome += " (" + ", ".join(v.inconclusive(m)) + ")"
     text = f"{head}: {outcome}; {ft(m.cand.tok_s)} vs {ft(m.base.tok_s)} tok/s"
     if m.base.level.concurrency != m.cand.level.concurrency:
         text += (
@@ -1234,6 +1405,7 @@ def record(ctx: Context, v: Verdict) -> None:
             ("win", "wins_at"),
             ("even", "even_at"),
             ("loss", "loses_at"),
+            ("inconclusive", "inconclusive_at"),
         )
         for outcome, key in keys:
             ctx.finding(
@@ -1246,7 +1418,7 @@ def record(ctx: Context, v: Verdict) -> None:
                 f"{n}.speedup_c{m.cand.level.concurrency}",
                 round(m.speedup, 3),
                 "x",
-                _match_note(m, v.outcome(m)),
+                _match_note(m, v),
             )
     if (pk := v.peak) is not None:
         ctx.finding(
@@ -1254,8 +1426,10 @@ def record(ctx: Context, v: Verdict) -> None:
             round(pk.speedup, 3),
             "x",
             f"at concurrency {pk.cand.level.concurrency}, the baseline's peak "
-            f"({ft(pk.base.tok_s)} tok/s); {_match_note(pk, v.outcome(pk))}",
+            f"({ft(pk.base.tok_s)} tok/s); {_match_note(pk, v)}",
         )
+    if (cap := v.capacity) is not None:
+        ctx.finding(f"{n}.capacity", round(cap.speedup, 3), "x", v.capacity_text())
     ctx.finding(f"{n}.capped", v.capped, note=v.cap_note)
     if acc is not None:
         _record_acceptance(ctx, n, acc)
@@ -1295,14 +1469,19 @@ def _speedup_cell(m: Match | None, v: Verdict) -> str:
 
 
 def _tok_cell(p: Point) -> str:
-    """'410 (401-417, 5)', or '89, once' (measured once); 'unstable' where windows disagreed."""
+    """'410 (401-417, 5)', or '89, once' (measured once); 'unstable' where windows disagreed;
+    a baseline of two launches: '405 (396-417; 410 then 399)', 'moved' where they disagree."""
     lo, hi = p.bounds
-    text = (
-        f"{ft(p.tok_s)}, once"
-        if p.once
-        else (f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}, {p.windows if p.windows is not None else '?'})")
-    )
-    return text + (" unstable" if p.level.stable is False else "")
+    if p.again is not None:
+        text = (
+            f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}; {ft(p.level.output_tok_s)} then "
+            f"{ft(p.again.output_tok_s)})" + (" moved" if p.moved else "")
+        )
+    elif p.once:
+        text = f"{ft(p.tok_s)}, once"
+    else:
+        text = f"{ft(p.tok_s)} ({ft(lo)}-{ft(hi)}, {p.windows if p.windows is not None else '?'})"
+    return text + (" unstable" if p.unstable else "")
 
 
 def _pts_line(pts: list[Point]) -> str:
@@ -1320,18 +1499,18 @@ def _pts_line(pts: list[Point]) -> str:
     )
 
 
-def render(task_id: str, base: Result, verdicts: list[Verdict]) -> str:
+def render(task_id: str, base: Result, verdicts: list[Verdict], again: Result | None = None) -> str:
     """The run's report: one summary table, each candidate's levels and reasoning, provenance."""
     out = _summary(task_id, base, verdicts)
     for v in verdicts:
         out += _section(v)
-    out += _provenance(base, verdicts)
+    out += _provenance(base, verdicts, again)
     return "\n".join(out) + "\n"
 
 
 def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
     mrr = base.server.max_running_requests
-    bpts = points(base)
+    bpts = verdicts[0].base_points if verdicts else points(base)
     peak = max(bpts, key=lambda p: p.tok_s, default=None)
     noise = verdicts[0].noise if verdicts else 0.03
     tolerance = verdicts[0].tolerance if verdicts else 0.1
@@ -1363,8 +1542,8 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
         "",
         "| candidate | verdict | concurrency 1 | at the baseline's peak"
         + (f" (concurrency {peak.level.concurrency})" if peak else "")
-        + " | capped | tau (k) | (tau-1)/k | alpha | engine reported |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        + " | capacity (peak / peak) | capped | tau (k) | (tau-1)/k | alpha | engine reported |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for v in verdicts:
         out.append(
@@ -1375,6 +1554,7 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
                     v.verdict,
                     _speedup_cell(v.c1, v),
                     _speedup_cell(v.peak, v),
+                    _speedup_cell(v.capacity, v),
                     _capped_cell(v),
                     *_acceptance_cells(v.acceptance),
                 ]
@@ -1491,9 +1671,17 @@ def _footnotes(v: Verdict) -> list[str]:
             f"single window); the outcome rests on the ±{v.noise:.0%} noise margin "
             "alone"
         )
-    if any(p.level.stable is False for p in pts):
+    if any(p.unstable for p in pts):
         notes.append(
-            "unstable: the last windows did not agree within bench.serve's stability threshold"
+            "unstable: the last windows did not agree within bench.serve's stability threshold:"
+            " no win or loss is read from that level (inconclusive)"
+        )
+    if any(p.again is not None for p in pts):
+        notes.append(
+            "A then B: the baseline on its first launch, then again after the candidates on a "
+            "second; its figure is their mean, its interval covers both, and each candidate's "
+            "interval is widened by their distance (a launch varies that much). moved: the two "
+            "launches disagree beyond their windows and the noise margin: inconclusive"
         )
     return ["", *notes] if notes else []
 
@@ -1501,6 +1689,8 @@ def _footnotes(v: Verdict) -> list[str]:
 def _bullets(v: Verdict) -> list[str]:
     bullets = [f"- **{PROBLEM}.** {p}." for p in v.problems]
     bullets += [f"- **Capped.** {v.cap_note}."] if v.cap_note else []
+    if (capacity := v.capacity_text()) is not None:
+        bullets.append(f"- **Capacity.** {capacity[0].upper()}{capacity[1:]}.")
     if (acc := v.acceptance) is not None:
         bullets.append(
             f"- **Acceptance.** tau = {acc.tau:.2f} with k = {acc.k} (from {acc.source}): "
@@ -1516,9 +1706,10 @@ def _bullets(v: Verdict) -> list[str]:
     return ["", *bullets] if bullets else []
 
 
-def _provenance(base: Result, verdicts: list[Verdict]) -> list[str]:
+def _provenance(base: Result, verdicts: list[Verdict], again: Result | None) -> list[str]:
     out = ["", "## Provenance", ""]
-    for role, result in [("baseline", base), *((v.name, v.result) for v in verdicts)]:
+    again_row = [] if again is None else [("baseline again", again)]
+    for role, result in [("baseline", base), *again_row, *((v.name, v.result) for v in verdicts)]:
         out.append(
             f"- **{role}**" + (f" ({result.label})" if result.label else "") + f": {_where(result)}"
         )
@@ -1573,6 +1764,13 @@ class AnalyzeCompare(Task[CompareParams]):
         base = load_result(p.baseline, "baseline")
         if not base.levels:
             raise TaskError("baseline: no levels, nothing to compare against")
+        again = None
+        if p.baseline_again is not None:
+            again = load_result(p.baseline_again, "baseline_again")
+            if differ := workload_differences(base, again):
+                raise TaskError(
+                    "baseline_again measured other work than baseline: " + ", ".join(differ)
+                )
         verdicts = [
             compare(
                 name,
@@ -1581,11 +1779,13 @@ class AnalyzeCompare(Task[CompareParams]):
                 p.noise,
                 p.match_tolerance,
                 p.max_draft_cost,
+                again,
+                p.draft_cost,
             )
             for name, src in p.candidates.items()
         ]
         report = (ctx.log_path.parent / f"{ctx.task_id}.md").resolve()
-        text = render(ctx.task_id, base, verdicts)
+        text = render(ctx.task_id, base, verdicts, again)
         report.parent.mkdir(parents=True, exist_ok=True)
         report.write_text(text)
         ctx.log(text)  # `orch logs ID` shows the report too
@@ -1598,6 +1798,11 @@ class AnalyzeCompare(Task[CompareParams]):
                 {
                     "baseline": _document(p.baseline),
                     "candidates": {name: _document(src) for name, src in p.candidates.items()},
+                    **(
+                        {"baseline_again": _document(p.baseline_again)}
+                        if p.baseline_again is not None
+                        else {}
+                    ),
                 }
             )
         )
@@ -1618,6 +1823,8 @@ class AnalyzeCompare(Task[CompareParams]):
                         inputs["baseline"],
                     )
                 ]
+                if "baseline_again" in inputs:
+                    series.append(("baseline, launched again", inputs["baseline_again"]))
                 series += [(name, doc) for name, doc in inputs["candidates"].items()]
                 figures = bench_figures("compare", series)
             except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:

@@ -61,10 +61,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import random
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -128,6 +130,12 @@ class BenchParams(BaseModel):
     output: str | None = Field(None, description="result JSON; default <run dir>/<task>.json")
     label: str | None = None
     progress_every: Duration = 10.0
+    cpus: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        description="the CPUs the load generator runs on while it measures; on a host where "
+        "it shares the CPUs with the server, keep it off the engine's (CPUs the host lacks "
+        "are left out)",
+    )
 
     @model_validator(mode="after")
     def _target(self) -> BenchParams:
@@ -667,6 +675,24 @@ def combine(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
 # --- the task ------------------------------------------------------------------------------------
 
 
+@contextmanager
+def pinned(cpus: list[int] | None) -> Iterator[str | None]:
+    """This thread on `cpus` while it measures (Linux affinity is per thread, and threads it
+    starts inherit it), as it was after; what could not be pinned, said, else None."""
+    if not cpus:
+        yield None
+        return
+    before = os.sched_getaffinity(0)
+    if not (use := set(cpus) & before):
+        yield f"cpus {cpus}: none is among this host's {sorted(before)}: the client is not pinned"
+        return
+    os.sched_setaffinity(0, use)
+    try:
+        yield None
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def resolve_target(ctx: Context, p: BenchParams) -> Target:
     server: dict[str, Any] = {}
     if p.server is not None:
@@ -740,12 +766,17 @@ class BenchServe(Task[BenchParams]):
         # k as planned, else as SGLang resolved it (its auto choice, /server_info)
         k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
         levels = []
-        for concurrency in p.concurrency:
-            measured = asyncio.run(
-                measure_level(target, prompts, p, concurrency, k, ctx.progress, p.progress_every)
-            )
-            levels.append(merge_windows(concurrency, measured))
-            ctx.progress(_level_line(levels[-1]))
+        with pinned(p.cpus) as not_pinned:
+            if not_pinned:
+                ctx.progress(not_pinned)
+            for concurrency in p.concurrency:
+                measured = asyncio.run(
+                    measure_level(
+                        target, prompts, p, concurrency, k, ctx.progress, p.progress_every
+                    )
+                )
+                levels.append(merge_windows(concurrency, measured))
+                ctx.progress(_level_line(levels[-1]))
         result = self.result(ctx, target, levels)
         path = Path(p.output) if p.output else ctx.log_path.parent / f"{ctx.task_id}.json"
         path = path.resolve()
@@ -791,6 +822,7 @@ class BenchServe(Task[BenchParams]):
                 "stability": p.stability,
                 "min_windows": p.min_windows,
                 "max_windows": p.max_windows,
+                **({"client_cpus": ",".join(map(str, p.cpus))} if p.cpus else {}),
                 "temperature": p.temperature,
                 "ignore_eos": p.ignore_eos,
             },

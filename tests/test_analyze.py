@@ -460,7 +460,7 @@ def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: P
     md = render("an", base, [v])
     assert (
         "| c | speculation pays at concurrency 1: 1.42x; measured once: no spread known "
-        "| 1.42x | not measured | no |" in md
+        "| 1.42x | not measured | not measured | no |" in md
     )
     assert "| 128 | 128 | not measured | 2370, once (peak) | – | not measured | – |" in md
 
@@ -618,18 +618,134 @@ def test_different_workloads_are_not_comparable(tmp_path: Path) -> None:
     assert any(n.startswith("different benchmark tools") for n in v.notes)
 
 
-def test_unstable_levels_are_marked() -> None:
-    """A level whose last windows disagreed is named in the verdict and marked in the table."""
+def test_unstable_levels_are_inconclusive_never_a_win(tmp_path: Path) -> None:
+    """A candidate level whose last windows disagreed is no win, however clear its interval:
+    inconclusive, said why in the verdict's head, marked in the table, no `pays`."""
     base = _result({"levels": [_lv(8, 1000, 990, 1010)]})
     cand = _result(
         {"levels": [{**_lv(8, 1300, 1150, 1450, windows=6), "stable": False, "spread": 0.12}]}
     )
     v = compare("x", cand, base)
-    assert v.verdict == (
-        "speculation pays at concurrency 8: 1.3x (1.14-1.46); unstable at "
-        "concurrency 8 (spread 12%)"
-    )
+    assert v.verdict == "inconclusive at concurrency 8: candidate unstable, spread 12%"
+    assert not v.pays
     assert "| 1300 (1150-1450, 6) unstable |" in render("an", base, [v])
+    f = _recorded(v, tmp_path)
+    assert (f["x.wins_at"].value, f["x.inconclusive_at"].value) == ("", "8")
+    assert f["x.speedup_c8"].note is not None
+    assert "inconclusive (candidate unstable, spread 12%)" in f["x.speedup_c8"].note
+
+
+def test_an_unstable_baseline_level_is_inconclusive_for_every_candidate() -> None:
+    """Run 2 of the issue: the baseline at 4 a third of run 1's and unstable, both candidates
+    'winning' against it. Every candidate is inconclusive there, decided elsewhere."""
+    base = _result(
+        {
+            "levels": [
+                _lv(1, 869, 850, 880),
+                {**_lv(4, 1172, 900, 1700, windows=8), "stable": False, "spread": 0.45},
+                _lv(8, 4621, 4500, 4700),
+            ]
+        }
+    )
+    noisy = _result(
+        {"levels": [_lv(1, 400, 390, 410), _lv(4, 1630, 1600, 1650), _lv(8, 1500, 1450, 1550)]}
+    )
+    custom = _result(
+        {"levels": [_lv(1, 860, 840, 890), _lv(4, 3460, 3400, 3500), _lv(8, 4250, 4100, 4400)]}
+    )
+    for name, cand, rest in (
+        ("noisy", noisy, "loses at concurrency 1 (0.46x, 0.44-0.48), "),
+        ("custom", custom, "even at concurrency 1, "),
+    ):
+        v = compare(name, cand, base)
+        assert [v.outcome(m) for m in v.matches][1] == "inconclusive"
+        assert v.verdict.startswith(
+            rest + "inconclusive at 4 (baseline unstable, spread 45%)"
+        ), v.verdict
+        assert not v.pays
+
+
+def test_a_baseline_that_moved_between_launches_makes_its_comparisons_inconclusive(
+    tmp_path: Path,
+) -> None:
+    """A/B/A: the baseline at 4 measured 3321 then 1172 tok/s on its two launches: nothing
+    measured between them can be told from that drift, and both figures are shown. Where the
+    launches agree, the baseline's interval covers both and the candidate's is widened by their
+    distance: a 'win' the windows of one launch claimed becomes even."""
+    first = _result({"levels": [_lv(1, 861, 850, 870), _lv(4, 3321, 3250, 3400)]})
+    again = _result({"levels": [_lv(1, 800, 790, 810), _lv(4, 1172, 1150, 1200)]})
+    cand = _result({"levels": [_lv(1, 910, 905, 915), _lv(4, 2950, 2900, 3000)]})
+    alone = compare("c", cand, first)
+    assert [alone.outcome(m) for m in alone.matches] == ["win", "loss"]
+    v = compare("c", cand, first, again=again)
+    assert [v.outcome(m) for m in v.matches] == ["even", "inconclusive"]
+    assert v.verdict == (
+        "even at concurrency 1, inconclusive at 4 (baseline moved between its launches, "
+        "3321 then 1172 tok/s)"
+    )
+    assert not v.pays
+    c1 = v.matches[0]
+    assert c1.base.tok_s == pytest.approx(830.5) and c1.base.bounds == (790, 870)
+    spread = 61 / 830.5  # the launches' distance, relative to their mean
+    assert c1.bounds == pytest.approx((905 * (1 - spread) / 870, 915 * (1 + spread) / 790))
+    md = render("an", first, [v], again)
+    assert "| 830.5 (790-870; 861 then 800) |" in md
+    assert "| 2246 (1150-3400; 3321 then 1172) moved |" in md
+    assert "- **baseline again**: run not recorded" in md
+    f = _recorded(v, tmp_path)
+    assert f["c.inconclusive_at"].value == "4"
+    assert "2 launches (861 then 800 tok/s)" in str(f["c.speedup_c1"].note)
+    assert "launch spread 7%" in str(f["c.speedup_c1"].note)
+
+
+def test_capacity_is_peak_against_peak_and_says_the_cap(tmp_path: Path) -> None:
+    """The field report: the EAGLE-3 server capped at 48 running requests serves 849 tok/s at
+    its peak, the baseline 2370 at 128: capacity 0.36x, said as capacity, with the cap."""
+    base = _result(SGLANG_BASE)
+    v = compare("aq_medai", _result(AQ_MEDAI), base)
+    assert v.capacity is not None and v.capacity.speedup == pytest.approx(849 / 2370)
+    assert v.capacity_text() == (
+        "capacity 0.36x: peak 849 tok/s at concurrency 128 with 48 in flight (cap 48) against "
+        "the baseline's 2370 tok/s at concurrency 128 (cap 2048); capped at 48 running "
+        "requests, fewer than the 128 in flight at the baseline's peak; the baseline peaked at "
+        "the highest concurrency measured: more load may serve more"
+    )
+    f = _recorded(v, tmp_path)
+    assert f["aq_medai.capacity"].value == 0.358 and f["aq_medai.capacity"].unit == "x"
+    md = render("an", base, [v])
+    assert "- **Capacity.** Capacity 0.36x: peak 849 tok/s" in md
+    # Peaks at different concurrencies are still compared as capacity, never as a speed-up.
+    b = _result({"levels": [_lv(1, 100, 99, 101), _lv(4, 380, 375, 385), _lv(8, 360, 355, 365)]})
+    c = _result({"levels": [_lv(1, 90, 89, 91), _lv(4, 300, 295, 305), _lv(8, 420, 415, 425)]})
+    v = compare("c", c, b)
+    assert v.capacity is not None and v.capacity.speedup == pytest.approx(420 / 380)
+    assert str(v.capacity_text()).startswith(
+        "capacity 1.11x (1.08-1.13): peak 420 tok/s at concurrency 8 against the baseline's "
+        "380 tok/s at concurrency 4; the candidate peaked at the highest concurrency measured"
+    )
+    # Not loaded as far as the baseline's peak: no capacity claimed.
+    assert compare("c", _result({"levels": [_lv(1, 90, 89, 91)]}), b).capacity is None
+
+
+def test_a_draft_as_costly_as_the_target_winning_at_concurrency_1_is_flagged() -> None:
+    """The noisy draft is the target plus noise: k=3 drafts at one target step each and a
+    verify cost at least 4 decode steps, so with tau 1.89 it is at most 1.89/4 = 0.47x. A
+    measured 1.41x is a measurement problem, never a win, and does not pay."""
+    base = _result({"levels": [_lv(1, 861, 850, 870)], "server": {"engine": "vllm"}})
+    spec = {"draft_tokens": 3, "accept_length": 1.89}
+    cand = _result({"levels": [_lv(1, 1214, 1200, 1230)], "spec": spec})
+    v = compare("noisy", cand, base, draft_cost=1)
+    assert v.verdict.startswith(
+        "MEASUREMENT PROBLEM: speed-up 1.41x at concurrency 1 exceeds its ceiling tau / (k * "
+        "draft_cost + 1) = 0.47 (tau = 1.89, k = 3, each draft 1 target steps) — "
+    ), v.verdict
+    assert not v.pays
+    # At its ceiling it is no problem: a loss, as physics says.
+    at_ceiling = _result({"levels": [_lv(1, 400, 395, 405)], "spec": spec})
+    v = compare("noisy", at_ceiling, base, draft_cost=1)
+    assert not v.problems and v.verdict.startswith("loses at concurrency 1: 0.46x")
+    # Free drafts (draft_cost 0, the default): the ceiling is tau, 1.41x stands.
+    assert not compare("noisy", cand, base).problems
 
 
 def test_field_report_sglang_verdicts() -> None:
