@@ -991,6 +991,49 @@ def test_plan_errors_name_the_line(pdir: PlanDir) -> None:
     assert "plan.yaml:9:" in r.stderr and "acceptance_definition is needed" in r.stderr
 
 
+def test_a_figure_no_definition_allows_is_a_plan_error_when_written_in_the_plan(
+    pdir: PlanDir,
+) -> None:
+    """Acceptance 42 with k = 3, written in the plan: a plan error at its line (exit 2, no
+    traceback), by validate and by run, before anything runs. The same figure measured (a
+    result file) stays a MEASUREMENT PROBLEM, and that verdict does not say it pays."""
+    figures = {
+        "server": {"engine": "vllm"},
+        "levels": [{"concurrency": 1, "output_tok_s": 90}],
+        "spec": {"draft_tokens": 3, "acceptance": 42},
+    }
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: a
+            kind: analyze.compare
+            params:
+              baseline: {{levels: [{{concurrency: 1, output_tok_s: 63.6}}]}}
+              candidates:
+                aq: {json.dumps(figures)}
+    """)
+    for command in ("validate", "run"):
+        r = run_orch(command, plan)
+        assert r.returncode == 2, r.stderr
+        assert "plan.yaml:9:" in r.stderr and "acceptance 4200.0% is outside" in r.stderr
+        assert "no definition allows this figure" in r.stderr and "Traceback" not in r.stderr
+    (pdir.root / "measured.json").write_text(json.dumps(figures))
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: analyze.compare
+            params:
+              baseline: {levels: [{concurrency: 1, output_tok_s: 63.6}]}
+              candidates: {aq: measured.json}
+    """)
+    r = run_orch("run", plan)
+    assert r.returncode == 0, r.stderr
+    found = findings(plan, "a")
+    assert str(found["aq.verdict"]).startswith("MEASUREMENT PROBLEM: acceptance 4200.0%")
+    assert found["aq.pays"] is False
+
+
 def test_bench_serve_results_are_read_as_written(pdir: PlanDir) -> None:
     """What bench.serve writes (orch.bench/v2, against the stub server) is what analyze.compare
     reads: no refused key, medians with intervals, provenance from the run."""

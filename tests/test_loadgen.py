@@ -4,12 +4,21 @@ counts, against the real stub server (tests/openai_stub.py) through `orch run`."
 from __future__ import annotations
 
 import json
+import os
+import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tasks.loadgen import BenchParams, Outcome, spread, summarize_level, window_problems
+from tasks.loadgen import (
+    BenchParams,
+    Outcome,
+    pinned,
+    spread,
+    summarize_level,
+    window_problems,
+)
 
 from conftest import PlanDir, free_port, run_orch
 from test_servers import findings, no_server_left, stub_plan
@@ -228,3 +237,24 @@ def _rows(plan: Path) -> list[dict[str, Any]]:
     doc = json.loads(run_orch("status", plan, "--json").stdout)
     (row,) = [t for t in doc["tasks"] if t["id"] == "bench"]
     return list(row["findings"])
+
+
+def test_the_load_generator_is_pinned_while_it_measures_and_released_after() -> None:
+    """`cpus` puts the measuring thread (and threads it starts, as asyncio's to_thread) on those
+    CPUs only, and gives it its CPUs back after; CPUs the host lacks are said, not fatal."""
+    everywhere = os.sched_getaffinity(0)
+    first = min(everywhere)
+    seen: list[set[int]] = []
+    with pinned([first, 100_000]) as problem:
+        assert problem is None
+        assert os.sched_getaffinity(0) == {first}
+        child = threading.Thread(target=lambda: seen.append(os.sched_getaffinity(0)))
+        child.start()
+        child.join()
+    assert seen == [{first}]
+    assert os.sched_getaffinity(0) == everywhere
+    with pinned([100_000]) as problem:
+        assert problem is not None and "100000" in problem and "not pinned" in problem
+        assert os.sched_getaffinity(0) == everywhere
+    with pinned(None) as problem:
+        assert problem is None and os.sched_getaffinity(0) == everywhere
