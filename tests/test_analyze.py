@@ -659,9 +659,9 @@ def test_an_unstable_baseline_level_is_inconclusive_for_every_candidate() -> Non
     ):
         v = compare(name, cand, base)
         assert [v.outcome(m) for m in v.matches][1] == "inconclusive"
-        assert v.verdict.startswith(
-            rest + "inconclusive at 4 (baseline unstable, spread 45%)"
-        ), v.verdict
+        assert v.verdict.startswith(rest + "inconclusive at 4 (baseline unstable, spread 45%)"), (
+            v.verdict
+        )
         assert not v.pays
 
 
