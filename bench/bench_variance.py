@@ -24,7 +24,8 @@ Settings (pick with `--settings`, comma-separated):
 - `pinned`: the engine and its OpenMP threads on CPU 1, the API process and the client on
   CPU 0 (VLLM_CLI_ENGINE_CPUS): a GPU host's split, where the engine does not compete with
   the process that streams its tokens;
-- `pinned-long`: both.
+- `pinned-long`: both;
+- `rehearsal`: pinned, windows of 32 requests (plans/rehearsal.yaml since this bench).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ SETTINGS = {
     "long": Setting(64, "", ""),
     "pinned": Setting(16, "1", "0"),
     "pinned-long": Setting(64, "1", "0"),
+    "rehearsal": Setting(32, "1", "0"),
 }
 
 
@@ -173,7 +175,7 @@ def show(runs: dict[str, list[Launch]]) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--launches", type=int, default=4)
-    ap.add_argument("--settings", default="today,long,pinned,pinned-long")
+    ap.add_argument("--settings", default="today,long,pinned,pinned-long,rehearsal")
     args = ap.parse_args()
     names = [s.strip() for s in args.settings.split(",") if s.strip()]
     if unknown := [n for n in names if n not in SETTINGS]:
