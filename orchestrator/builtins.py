@@ -112,6 +112,7 @@ class PythonTask(Task[PythonParams]):
     """
 
     Params = PythonParams
+    code_params = frozenset({"function"})
 
     def run(self, ctx: Context) -> None:
         func = _load_function(self.params.function)

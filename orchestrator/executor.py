@@ -50,6 +50,7 @@ from .store import GuardChange, Store, runs_dir
 from .task import Context, PoolUnavailable
 from .templating import Ref, bash_params, evaluate_when, resolve
 from .todos import added_tasks, todo_specs
+from .trust import choosing_code
 
 PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20
@@ -801,6 +802,8 @@ class Runner:
     def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
         """Params with their ${...} resolved; TemplateError where a value would reach bash as
         more than an inert word, or a path built from a finding leaves its folder."""
+        if chosen := choosing_code(cls, params):  # a task added through the store too
+            raise TemplateError("; ".join(f"param {key!r}: {why}" for key, why in chosen))
         shell = bash_params(cls, params)  # argv items and their env are passed as they are
         resolved = {}
         for k, v in params.items():

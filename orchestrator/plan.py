@@ -27,6 +27,7 @@ from .redact import MASK
 from .stalls import Action as StallAction
 from .task import Duration, as_list
 from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
+from .trust import choosing_code
 from .yamlsource import SYNTAX_ERROR, YAML_ERROR, Located, Path_, load_yaml, parse_yaml
 
 ID_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*$"
@@ -734,6 +735,10 @@ def _plan_task(
     # per param, so the error names its line
     refs = {key: check_refs(value, (*where, "params", key)) for key, value in spec.params.items()}
     if cls is not None:
+        issues += [
+            src.issue((*where, "params", key), f"{label}: param {key!r}: {why}")
+            for key, why in choosing_code(cls, spec.params)
+        ]
         _validate_params(
             src, (*where, "params"), label, cls, spec.params, refs, variables, issues, context
         )
@@ -760,6 +765,10 @@ def _plan_task(
         except registry.UnknownKind as exc:
             issues.append(src.issue((*at, "kind"), f"{label}: {exc}"))
             continue
+        issues += [
+            src.issue((*at, key), f"{label} precondition {check.kind!r}: param {key!r}: {why}")
+            for key, why in choosing_code(check_cls, params)
+        ]
         _validate_params(
             src,
             at,

@@ -193,6 +193,9 @@ class Task(Generic[P]):
     # Filesystem paths the task writes or reads: one built from a finding stays inside the
     # folder written before it (confine.py).
     path_params: ClassVar[frozenset[str]] = frozenset()
+    # Params that name code to run or what gets installed (a function, a module, an
+    # interpreter, a venv, a package, a program): no finding may choose them (trust.py).
+    code_params: ClassVar[frozenset[str]] = frozenset()
     # The param naming a resource this kind lets go (ctx.release), e.g. "server" for
     # server.stop: a revived holder's releasers run again after its users (selection.py).
     releases: ClassVar[str | None] = None
@@ -233,6 +236,7 @@ class Precondition(Generic[P]):
     shell_params: ClassVar[frozenset[str]] = frozenset()  # as Task's
     env_params: ClassVar[frozenset[str]] = frozenset()
     path_params: ClassVar[frozenset[str]] = frozenset()
+    code_params: ClassVar[frozenset[str]] = frozenset()  # as Task's
     # Only looks (NVML, systemd, sockets, the file system): `orch plan` may call it. False for
     # a check that runs the plan's own code (`command`), which a dry run must not.
     read_only: ClassVar[bool] = True

@@ -64,6 +64,21 @@ def iter_refs(value: Any) -> Iterator[Ref]:
             yield from iter_refs(item)
 
 
+def replace_refs(text: str, replace: Callable[[Ref], str]) -> str:
+    """`text` with each well-formed reference replaced by replace(ref); `$${` escapes and
+    malformed references are kept as written (the loader reports those)."""
+
+    def one(m: re.Match[str]) -> str:
+        if m.group(1):
+            return m.group(0)
+        try:
+            return replace(parse_ref(m.group(2)))
+        except ValueError:
+            return m.group(0)
+
+    return _TEMPLATE.sub(one, text)
+
+
 def before_finding(text: str) -> str | None:
     """What `text` says before its first finding reference (still a template), or None when
     it has none."""

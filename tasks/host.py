@@ -155,6 +155,7 @@ class PythonPackage(Precondition[PackageParams]):
     """A Python distribution is installed (in `python`'s environment), at a version, and imports."""
 
     Params = PackageParams
+    code_params = frozenset({"package", "python", "import_name"})  # it imports the module
 
     def check(self) -> CheckResult:
         p = self.params

@@ -185,6 +185,11 @@ class PythonInstall(Task[InstallParams]):
     """
 
     Params = InstallParams
+    # What gets installed, from where, into which interpreter, and the module it imports.
+    code_params = frozenset(
+        {"requirement", "venv", "python", "import_name", "index_url", "extra_index_url",
+         "find_links"}
+    )  # fmt: skip
     path_params = frozenset({"venv", "python"})  # installs into; runs
 
     def run(self, ctx: Context) -> None:

@@ -523,6 +523,9 @@ class ServerLaunch(Task[LaunchParams]):
     """Start an inference server, wait until it serves, keep it running for later tasks."""
 
     Params = LaunchParams
+    # The program, its flags and its environment; the model's path is data (a drafter an
+    # earlier step trained is a finding) and may be confined (path_params).
+    code_params = frozenset({"launcher", "command", "extra_args", "env"})
 
     def run(self, ctx: Context) -> None:
         p = with_leased_gpus(self.params, ctx)

@@ -145,6 +145,7 @@ class SystemdStart(_UnitJob):
     """Start a unit; ok when it is already active. Verifies that it is active."""
 
     verb = "start"
+    code_params = frozenset({"unit"})  # what it starts runs
 
     def nothing_to_do(self, before: UnitState) -> bool:
         return before.active_state in ("active", "reloading") and not before.job
@@ -162,6 +163,7 @@ class SystemdRestart(_UnitJob):
     the previous instance survived in its control group."""
 
     verb = "restart"
+    code_params = frozenset({"unit"})
 
     def nothing_to_do(self, before: UnitState) -> bool:
         return False

@@ -707,13 +707,13 @@ def test_finding_ref_defers_type_check_to_run_time(tmp_path: Path) -> None:
         tasks:
           - {id: probe, kind: shell, params: {command: 'true'}}
           - id: use
-            kind: python
+            kind: shell
             needs: [probe]
-            params: {function: "${tasks.probe.findings.fn}"}
+            params: {command: "true", grace: "${tasks.probe.findings.g}"}
     """,
         )
     )
-    assert plan.by_id["use"].spec.params == {"function": "${tasks.probe.findings.fn}"}
+    assert plan.by_id["use"].spec.params["grace"] == "${tasks.probe.findings.g}"
 
 
 def test_var_substituted_before_type_check(tmp_path: Path) -> None:

@@ -1,0 +1,182 @@
+"""Where a finding may go: into data, never into the choice of what runs.
+
+A finding is whatever a task printed: a server's log line, a model's output. Spliced into an
+argument it is data (quoted, inert: templating.inert_word); spliced into the name of a function,
+a module, an interpreter, a venv, a package to install or a program to start, it would let that
+output choose the code orch runs. So each kind declares the params that name code
+(`Task.code_params`, `Precondition.code_params`), and a `${tasks.ID.findings.KEY}` in one is
+refused: by the plan's loader, with its line, and again when the task starts (a task added
+through the store too). A var is the operator's own word and stays allowed.
+
+Shell text (`shell_params`) is read word by word: a finding may be an argument, never the
+command of a simple command (the first word, after `;`, `&&`, `|`, `(`, `$(`, a backquote, a
+keyword such as `then`, a prefix such as `sudo`, `env` or `xargs`), nor the code of an
+interpreter's `-c`/`-e`, nor an environment variable that chooses code (`PATH`,
+`LD_PRELOAD`, `PYTHONPATH`, ...) assigned in front of a command or in `env_params`. This is a
+reading of bash's grammar good for the commands plans hold (a heredoc's body, say, is read as
+words); where the text cannot be split into words every finding in it counts as in command
+position.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from .templating import Ref, iter_refs, replace_refs
+
+# Environment variables whose value chooses the code a process loads or runs.
+CODE_ENV = frozenset(
+    {
+        "PATH",
+        "LD_PRELOAD",
+        "LD_LIBRARY_PATH",
+        "LD_AUDIT",
+        "GCONV_PATH",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "BASH_ENV",
+        "ENV",
+        "PROMPT_COMMAND",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "IFS",
+        "PERL5LIB",
+        "PERL5OPT",
+        "RUBYLIB",
+        "RUBYOPT",
+        "NODE_OPTIONS",
+        "NODE_PATH",
+    }
+)
+# Words after which the next word is a command again.
+_PREFIXES = frozenset(
+    {
+        "if", "then", "else", "elif", "do", "while", "until", "!", "{", "time",
+        "exec", "command", "builtin", "eval", "source", ".", "env", "sudo", "doas", "nohup",
+        "nice", "ionice", "setsid", "stdbuf", "timeout", "xargs", "chroot", "taskset",
+        "numactl", "strace", "unbuffer", "watch", "flock",
+    }
+)  # fmt: skip
+# Commands whose `-c`/`-e` argument is code.
+_INTERPRETERS = re.compile(r"(ba|da|z|k)?sh|python[0-9.]*|perl|ruby|node|php|lua|Rscript")
+_SEPARATORS = frozenset({";", ";;", "&", "&&", "|", "||", "|&", "(", ")", "`"})
+_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
+_PLACEHOLDER = re.compile(r"ORCHREF([0-9]+)Z")
+
+
+def finding_refs(value: Any) -> list[Ref]:
+    """The finding references in a value (its mappings' keys included); malformed ones are
+    the loader's to report, so they are skipped here."""
+    try:
+        refs = list(iter_refs(value))
+    except ValueError:
+        return []
+    if isinstance(value, Mapping):
+        for key in value:
+            refs += finding_refs(key) if isinstance(key, str) else []
+    return [r for r in refs if r.task is not None]
+
+
+def choosing_code(cls: type[Any], params: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """(param, why) for each place where a finding would choose what runs."""
+    out = []
+    for key in sorted(getattr(cls, "code_params", frozenset()) & params.keys()):
+        out += [
+            (key, f"${{{ref}}}: a finding cannot choose what runs; {key!r} names code")
+            for ref in _unique(finding_refs(params[key]))
+        ]
+    for key in sorted(getattr(cls, "shell_params", frozenset()) & params.keys()):
+        value = params[key]
+        if isinstance(value, str):
+            found = command_findings(value)
+        elif isinstance(value, list) and value:
+            found = finding_refs(value[0])
+        else:
+            found = []
+        out += [
+            (key, f"${{{ref}}}: a finding cannot be the command; pass it as an argument")
+            for ref in _unique(found)
+        ]
+    for key in sorted(getattr(cls, "env_params", frozenset()) & params.keys()):
+        env = params[key]
+        if isinstance(env, Mapping):
+            out += [
+                (key, f"${{{ref}}}: a finding cannot set {name}, which chooses code")
+                for name, ref in _env_findings(env)
+            ]
+    return out
+
+
+def _unique(refs: list[Ref]) -> Iterator[Ref]:
+    yield from dict.fromkeys(refs)
+
+
+def _env_findings(env: Mapping[Any, Any]) -> Iterator[tuple[str, Ref]]:
+    for name, value in env.items():
+        for ref in finding_refs(name):
+            yield "a variable's name", ref
+        if str(name) in CODE_ENV:
+            for ref in finding_refs(value):
+                yield str(name), ref
+
+
+def command_findings(text: str) -> list[Ref]:
+    """The finding references in shell text that stand where a command is named."""
+    refs: list[Ref] = []
+
+    def placeholder(ref: Ref) -> str:
+        refs.append(ref)
+        return f"ORCHREF{len(refs) - 1}Z"
+
+    masked = replace_refs(text, placeholder)
+    if not any(r.task for r in refs):
+        return []
+    try:
+        words = _words(masked)
+    except ValueError:  # unbalanced quotes: no word boundaries to trust
+        return [r for r in refs if r.task]
+    found: list[Ref] = []
+
+    def findings_in(word: str) -> list[Ref]:
+        return [r for m in _PLACEHOLDER.finditer(word) if (r := refs[int(m.group(1))]).task]
+
+    command_next, redirect_next, code_next = True, False, False
+    interpreter = False
+    for word in words:
+        if word in _SEPARATORS:
+            command_next, code_next, interpreter = True, False, False
+            continue
+        if set(word) <= set("<>&|0123456789") and ("<" in word or ">" in word):
+            redirect_next = True
+            continue
+        if redirect_next:  # a file name
+            redirect_next = False
+            continue
+        if command_next:
+            if m := _ASSIGNMENT.fullmatch(word):  # NAME=value before the command
+                if m.group(1) in CODE_ENV:
+                    found += findings_in(m.group(2))
+                continue
+            found += findings_in(word)
+            command_next = word in _PREFIXES
+            interpreter = bool(_INTERPRETERS.fullmatch(word.rsplit("/", 1)[-1]))
+            continue
+        if code_next:
+            found += findings_in(word)
+            code_next = False
+            continue
+        if interpreter and word in ("-c", "-e"):
+            code_next = True
+    return found
+
+
+def _words(text: str) -> list[str]:
+    """Shell words and operators; newlines end commands as `;` does."""
+    lexer = shlex.shlex(text.replace("\n", " ; "), posix=True, punctuation_chars="();<>|&`")
+    lexer.whitespace_split = True
+    return list(lexer)
