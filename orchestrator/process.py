@@ -3,25 +3,30 @@
 Why a group per task: `bash -c "a | b &"` and inference servers fork; killing only the main pid
 leaves workers holding GPU memory (shared/notes/inference-servers.md: SIGKILL to the vLLM main
 process left 2.2 GB of workers running). Why the output goes straight to a file, not a pipe:
-if the orchestrator dies, the child can still write and never blocks on a full pipe.
+if the orchestrator dies, the child can still write and never blocks on a full pipe. Except
+while a secret is registered (redact.py): then it goes through a pipe that a thread of orch
+reads and writes to the file masked (`_Pump`), since no later reader can mask what it does not
+know; a child that outlives a killed orch then meets a closed pipe, and the next run ends it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from .durations import format_seconds
 from .errors import TaskTimeout
-from .redact import mask
+from .redact import Masker, active, mask
 from .umask import user_umask
 
 if TYPE_CHECKING:
@@ -85,10 +90,11 @@ def run_process(
             log.flush()  # before the child writes to the same file
             offset = log.tell()
             started = time.monotonic()
+            masked = active()  # a secret to keep out of the file: through orch (_Pump)
             proc = subprocess.Popen(
                 box.wrap(argv) if box else list(argv),
                 stdin=subprocess.DEVNULL,
-                stdout=log,
+                stdout=subprocess.PIPE if masked else log,
                 stderr=subprocess.STDOUT,
                 env=full_env,
                 cwd=cwd,
@@ -99,6 +105,7 @@ def run_process(
     except BaseException:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
         raise
+    pump = _Pump(proc.stdout, log_path) if proc.stdout is not None else None
 
     def end() -> None:
         terminate_group(proc.pid, grace, proc)
@@ -149,11 +156,49 @@ def run_process(
         end()
         raise
     finally:
+        if pump is not None:
+            pump.close()
         if cap is not None:
             cap.check()
         if watch is not None:
             watch.close()
     return ProcessResult(proc.returncode, log_path, offset)
+
+
+class _Pump:
+    """A child's output read by a thread and appended to its log with every secret masked,
+    however the reads cut it (redact.Masker)."""
+
+    def __init__(self, source: IO[bytes], log_path: Path) -> None:
+        self.source, self.masker = source, Masker()
+        self.log = log_path.open("ab", buffering=0)
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self.pump, name="orch-output", daemon=True)
+        self.thread.start()
+
+    def pump(self) -> None:
+        fd = self.source.fileno()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.1)
+                if not ready:
+                    if (
+                        self.ended.is_set()
+                    ):  # the group is gone; an escaped writer is not waited for
+                        break
+                    continue
+                if not (data := os.read(fd, 65536)):
+                    break
+                self.log.write(self.masker.feed(data))
+        finally:
+            self.log.write(self.masker.close())
+
+    def close(self) -> None:
+        """After the processes ended: what is left in the pipe is written, then it is closed."""
+        self.ended.set()
+        self.thread.join()
+        self.log.close()
+        self.source.close()
 
 
 def _stalled(report: StallReport, on_stall: Callable[[StallReport], None] | None) -> None:

@@ -6,6 +6,10 @@ import json
 import sqlite3
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator import redact
 
 from conftest import PlanDir, run_orch
 
@@ -32,20 +36,15 @@ PLAN = """\
 
 
 def everything_orch_wrote(pdir: PlanDir) -> str:
-    """The store's every value (all tables) and every other file orch wrote, as one text.
-
-    A task's own output in its log is the task's, not orch's (see orchestrator/redact.py): the
-    `$ command` line is orch's and is included."""
+    """The store's every value (all tables) and every other file orch wrote, as one text: the
+    task logs whole, what the tasks' own processes printed included (orchestrator/redact.py)."""
     with sqlite3.connect(pdir.store_path()) as conn:
         dump = "\n".join(conn.iterdump())
     texts = [dump]
     for path in pdir.root.rglob("*"):
         if not path.is_file() or path.suffix in (".db", ".db-wal", ".db-shm", ".yaml"):
             continue
-        text = path.read_text(errors="replace")
-        if path.suffix == ".log":
-            text = "\n".join(line for line in text.splitlines() if line.startswith("$ "))
-        texts.append(text)
+        texts.append(path.read_text(errors="replace"))
     return "\n".join(texts)
 
 
@@ -65,9 +64,10 @@ def test_secret_values_are_masked_everywhere_orch_writes(pdir: PlanDir) -> None:
         shown = run_orch(*args, cwd=pdir.root, env=env)
         assert shown.returncode in (0, 1), shown.stderr
         outputs += [shown.stdout, shown.stderr]
-    written = everything_orch_wrote(pdir) + "\n".join(outputs[:-2])  # logs: the task's output
+    written = everything_orch_wrote(pdir) + "\n".join(outputs)
     for secret in (TOKEN, "hunter2-cli"):
         assert secret not in written
+    assert "token=***" in outputs[-2]  # `orch logs`: the task printed it, masked on disk
     assert "***" in pdir.todo("use")["last_error"] + (pdir.todo("use")["output_tail"] or "")
     assert "region=eu" in (pdir.todo("use")["output_tail"] or "")  # not secret: shown
 
@@ -117,3 +117,67 @@ def test_events_file_is_masked(pdir: PlanDir) -> None:
     events = list(pdir.root.rglob("events.jsonl"))
     assert events and all(TOKEN not in e.read_text() for e in events)
     assert any("***" in e.read_text() for e in events)
+
+
+def test_a_secret_a_process_prints_is_masked_in_its_log_however_it_is_cut(
+    pdir: PlanDir,
+) -> None:
+    """Printed whole, in a longer line, in two writes 0.3 s apart (two reads), by a child in
+    the background: never on disk, nor in `orch logs` or the board's tail; the log's other
+    bytes as printed, findings still read."""
+    plan = pdir.write("""
+        name: t
+        vars:
+          token: {env: ORCH_TEST_TOKEN}
+        tasks:
+          - id: leak
+            kind: shell
+            params:
+              command: |
+                echo "whole ${vars.token}"
+                echo "index=https://user:${vars.token}@example.invalid/simple"
+                t=${vars.token}; printf "%s" "split $${t:0:5}"; sleep 0.3; echo "$${t:5}"
+                (sleep 0.1; echo "child $TOKEN") &
+                wait
+                echo "::finding seen=yes"
+                exit 3
+              env: {TOKEN: "${vars.token}"}
+    """)
+    r = run_orch("run", plan, cwd=pdir.root, env={"ORCH_TEST_TOKEN": TOKEN})
+    assert r.returncode == 1, r.stderr
+    log = next(pdir.root.rglob("leak.log")).read_text()
+    assert TOKEN not in log and TOKEN[:5] + "\n" not in log
+    for line in ("whole ***", "index=https://user:***@example.invalid/simple", "split ***"):
+        assert line in log, log
+    assert "child ***" in log
+    shown = run_orch("logs", plan, "leak", cwd=pdir.root)  # no secret known to this process
+    board = run_orch("status", plan, cwd=pdir.root)
+    for text in (shown.stdout, board.stdout, r.stdout, r.stderr):
+        assert TOKEN not in text
+    assert "split ***" in shown.stdout
+    assert pdir.todo("leak")["status"] == "failed"
+    with sqlite3.connect(pdir.store_path()) as conn:
+        assert conn.execute("SELECT value FROM findings WHERE key = 'seen'").fetchone() == ("yes",)
+
+
+@given(
+    pieces=st.lists(st.sampled_from(["sk-TOK3N-long", "TOK3N", "sk-", "x", "\n", "sk-TOK"])),
+    cuts=st.lists(st.integers(min_value=1, max_value=9), min_size=1),
+)
+def test_the_masker_masks_as_one_pass_would_however_the_stream_is_cut(
+    pieces: list[str], cuts: list[int]
+) -> None:
+    """A secret, one inside another, cut anywhere between reads: the bytes out equal one mask
+    over the whole text, and nothing is lost or added."""
+    redact.register(["sk-TOK3N-long", "TOK3N"])
+    try:
+        text = "".join(pieces).encode()
+        masker, out, at, i = redact.Masker(), b"", 0, 0
+        while at < len(text):
+            step = cuts[i % len(cuts)]
+            out += masker.feed(text[at : at + step])
+            at, i = at + step, i + 1
+        out += masker.close()
+        assert out == redact.mask(text.decode()).encode()
+    finally:
+        redact.forget()

@@ -61,7 +61,7 @@ def test_each_kind_refuses_findings_in_the_params_that_name_code() -> None:
     systemd.start's unit, shell argv[0] and code-choosing env; data params stay open."""
     cases = [
         ("python", {"function": X, "args": {"a": X}}, ["function"]),
-        ("python.install", {"requirement": X, "venv": X, "python": X}, ["python", "requirement", "venv"]),
+        ("python.install", {"requirement": X, "venv": X}, ["requirement", "venv"]),
         ("server.launch", {"launcher": [X], "model": X, "port": 1}, ["launcher"]),
         ("systemd.start", {"unit": X}, ["unit"]),
         ("systemd.stop", {"unit": X}, []),
@@ -88,7 +88,7 @@ def test_a_finding_that_names_the_function_is_refused_with_its_line(pdir: PlanDi
         tasks:
           - id: probe
             kind: shell
-            params: {{command: "echo ::finding fn=os:system; echo ::finding arg=touch_{touched.name}"}}
+            params: {{command: "echo ::finding fn=os:system"}}
           - id: call
             kind: python
             needs: [probe]
