@@ -719,7 +719,7 @@ class Runner:
         except Exception as exc:  # a bug in a task class fails the task, not the run
             error = f"{type(exc).__name__}: {exc}"
             with log_path.open("a") as f:
-                f.write(traceback.format_exc())
+                f.write(redact.mask(traceback.format_exc()))
         else:
             duration = time.time() - started
             # Run alone, a completion is committed with what comes next (its successor's

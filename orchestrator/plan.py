@@ -14,7 +14,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -23,7 +23,7 @@ from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Fie
 from . import registry
 from .errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
 from .guards import does as guard_does
-from .redact import MASK
+from .redact import MASK, masking
 from .stalls import Action as StallAction
 from .task import Duration, as_list
 from .templating import Ref, bash_params, compile_when, inert_word, iter_refs, resolve
@@ -422,7 +422,10 @@ def _load_plan(
             task.role, task.protects = guard.role, guard.protects
             guards.append(task)
     if issues or header is None:
-        raise PlanError(list(dict.fromkeys(issues)))  # one cause can surface on two paths
+        # One cause can surface on two paths; a secret's value is never shown (`sk BAD-5555x`
+        # refused as a shell word is named, not printed).
+        hide = masking(variables[name] for name in secrets if name in variables)
+        raise PlanError([replace(i, message=hide(i.message)) for i in dict.fromkeys(issues)])
 
     ordered = [planned[task_id] for task_id in order]  # no issues: every task is in both
     for position, t in enumerate([*ordered, *guards]):  # guards listed after the flow

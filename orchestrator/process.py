@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from .durations import format_seconds
-from .errors import TaskTimeout
+from .errors import TaskError, TaskTimeout
 from .redact import Masker, active, mask
 from .umask import user_umask
 
@@ -78,6 +78,9 @@ def run_process(
     `on_stall` (stalls.py), then waited on, or ended with TaskStalled, as `stall.action` says."""
     from .containment import jail  # containment builds on this module
 
+    if cwd is not None and not Path(cwd).is_dir():  # the plan's mistake, said so: no traceback
+        what = "is not a folder" if Path(cwd).exists() else "does not exist"
+        raise TaskError(f"cwd {mask(str(cwd))!r} {what}")
     full_env = {**os.environ, **(env or {})}
     box = jail((jail_by, full_env[jail_by])) if jail_by in full_env else None
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -13,7 +13,7 @@ environment of the run).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 MASK = "***"
@@ -34,6 +34,16 @@ def register(values: Iterable[Any]) -> None:
     encoded = sorted((s.encode() for s in _secrets), key=len, reverse=True)
     _bytes = re.compile(b"|".join(re.escape(b) for b in encoded)) if encoded else None
     _longest = max(map(len, encoded), default=0)
+
+
+def masking(values: Iterable[Any]) -> Callable[[str], str]:
+    """A mask for these values alone: a plan's secrets in its load errors, before (or without)
+    a run that registers them."""
+    texts = sorted({text for v in values if (text := str(v))}, key=len, reverse=True)
+    if not texts:
+        return lambda text: text
+    pattern = re.compile("|".join(map(re.escape, texts)))
+    return lambda text: pattern.sub(MASK, text)
 
 
 def forget() -> None:

@@ -181,3 +181,35 @@ def test_the_masker_masks_as_one_pass_would_however_the_stream_is_cut(
         assert out == redact.mask(text.decode()).encode()
     finally:
         redact.forget()
+
+
+def test_a_secret_is_never_shown_by_the_messages_that_refuse_or_fail_it(pdir: PlanDir) -> None:
+    """Not a plain word: validate and run refuse it naming the var, never printing it. Used as
+    a `cwd` that does not exist: the task fails with a plain sentence, masked, no traceback."""
+    plan = pdir.write("""
+        name: t
+        vars:
+          token: {env: ORCH_TEST_TOKEN}
+        tasks:
+          - id: a
+            kind: shell
+            params: {command: "echo ${vars.token}"}
+    """)
+    for command in ("validate", "run"):
+        r = run_orch(command, plan, env={"ORCH_TEST_TOKEN": "sk BAD-5555x"})
+        assert r.returncode == 2 and "${vars.token} = '***' cannot reach a shell" in r.stderr
+        assert "BAD-5555x" not in r.stdout + r.stderr
+    plan = pdir.write("""
+        name: t
+        vars:
+          token: {env: ORCH_TEST_TOKEN}
+        tasks:
+          - id: a
+            kind: shell
+            params: {command: "true", cwd: "${vars.token}"}
+    """)
+    r = run_orch("run", plan, env={"ORCH_TEST_TOKEN": TOKEN})
+    assert r.returncode == 1
+    assert pdir.todo("a")["last_error"] == "cwd '***' does not exist"
+    assert TOKEN not in everything_orch_wrote(pdir) + r.stdout + r.stderr
+    assert not any("Traceback" in log.read_text() for log in pdir.root.rglob("a.log"))
