@@ -691,6 +691,9 @@ def plan_cmd(
 @click.option("--lines", "-n", type=int, help="Only the last N lines.")
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the task runs.")
 @click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
+@click.option(
+    "--raw", is_flag=True, help="The log's bytes as written (control characters not escaped)."
+)
 def logs(
     words: tuple[str, ...],
     plan_opt: Path | None,
@@ -699,6 +702,7 @@ def logs(
     lines: int | None,
     follow: bool,
     path_only: bool,
+    raw: bool,
 ) -> None:
     """Print the output a task's processes wrote (its latest attempt, or of --run N).
 
@@ -742,17 +746,28 @@ def logs(
         if path_only:
             click.echo(str(log))
             return
-        # On a terminal a process's escape sequences are removed; a pipe gets the exact log.
-        show = clean if sys.stdout.isatty() else str
+        # A process's control characters shown escaped, on a terminal and in a pipe (a pipe
+        # often ends on one, through `less -R` or a paste); --raw for the bytes.
+        import codecs
+
+        text = codecs.getincrementaldecoder("utf-8")("replace")  # a character cut by a read
+
+        def emit(chunk: bytes) -> None:
+            if raw:
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.flush()
+            else:
+                click.echo(clean(text.decode(chunk)), nl=False)
+
         with log.open("rb") as f:
             if lines:  # only the end of the file is read: logs of a long load can be large
-                click.echo(show("\n".join(tail(log, lines))))
+                emit(("\n".join(tail(log, lines)) + "\n").encode())
                 f.seek(0, os.SEEK_END)
             while chunk := f.read(1 << 16):
-                click.echo(show(chunk.decode("utf-8", "replace")), nl=False)
+                emit(chunk)
             while follow:
                 if chunk := f.read(1 << 16):
-                    click.echo(show(chunk.decode("utf-8", "replace")), nl=False)
+                    emit(chunk)
                     continue
                 now = store.todo(task_id)
                 if (
@@ -1174,11 +1189,12 @@ def events(
     """
     from .events import follow as feed
     from .events import format_event
+    from .terminal import clean
 
     path = _store_path(store_opt, None, plan_file)
     try:
         for e in feed(path, lines, follow):
-            click.echo(json.dumps(e) if as_json else format_event(e))
+            click.echo(json.dumps(e) if as_json else clean(format_event(e), multiline=False))
     except KeyboardInterrupt:
         return
 

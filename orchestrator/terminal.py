@@ -32,21 +32,22 @@ def use_color(stream: TextIO) -> bool:
     return stream.isatty() and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-# Whole escape sequences first, so no parameter bytes are left to be read as text by a later
-# sequence; then single control characters. Once every ESC is gone, what is left is plain text.
-_CONTROLS = re.compile(
-    r"\x1b\[[0-?]*[ -/]*[@-~]?"  # CSI: colours, cursor moves, screen clears
-    r"|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?"  # OSC: window titles, hyperlinks, clipboard
-    r"|\x1b[PX^_][^\x1b]*(?:\x1b\\)?"  # DCS, SOS, PM, APC strings
-    r"|\x1b[ -/]*[0-~]?"  # any other ESC x, or a lone ESC
-    r"|[\x00-\x08\x0b-\x1f\x7f-\x9f]"  # C0 but tab and newline, DEL, C1
-)
+# C0 but tab and newline, DEL, C1: what a terminal acts on. With ESC (and CSI, 0x9b) shown as
+# text, no escape sequence is left: the rest of one is plain characters.
+_CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 _BREAKS = re.compile(r"[\t\n]")
 
 
+def _escaped(m: re.Match[str]) -> str:
+    return f"\\x{ord(m.group()):02x}"
+
+
 def clean(text: str, multiline: bool = True) -> str:
-    """`text` (a finding, a note, an error, a process's output) safe to print on a terminal:
-    every control sequence and control character removed; tabs and newlines kept when
-    `multiline`, else each made a space (one value cannot forge a line of its own)."""
-    text = _CONTROLS.sub("", text)
+    """`text` (a finding, a note, an error, a process's output) safe to print, on a terminal or
+    in a pipe: every control character shown escaped, as journalctl does (`\\x1b]0;title\\x07`),
+    so nothing it carries can set a title, write the clipboard, clear the screen or overwrite
+    a line, and what was there stays visible; a CR before a newline is dropped (CRLF output).
+    Tabs and newlines kept when `multiline`, else each made a space (one value cannot forge a
+    line of its own)."""
+    text = _CONTROLS.sub(_escaped, text.replace("\r\n", "\n"))
     return text if multiline else _BREAKS.sub(" ", text)

@@ -10,12 +10,14 @@ through the store too). A var is the operator's own word and stays allowed.
 
 Shell text (`shell_params`) is read word by word: a finding may be an argument, never the
 command of a simple command (the first word, after `;`, `&&`, `|`, `(`, `$(`, a backquote, a
-keyword such as `then`, a prefix such as `sudo`, `env` or `xargs`), nor the code of an
-interpreter's `-c`/`-e`, nor an environment variable that chooses code (`PATH`,
-`LD_PRELOAD`, `PYTHONPATH`, ...) assigned in front of a command or in `env_params`. This is a
-reading of bash's grammar good for the commands plans hold (a heredoc's body, say, is read as
-words); where the text cannot be split into words every finding in it counts as in command
-position.
+keyword such as `then`, a prefix such as `sudo`, `env` or `xargs`), nor an environment
+variable that chooses code (`PATH`, `LD_PRELOAD`, `PYTHONPATH`, ...) assigned in front of a
+command or in `env_params`. What bash reads again as commands is read the same way (`eval`'s
+words, a shell's `-c`, a here-document fed to a shell); another interpreter's `-c`/`-e`, or a
+here-document it reads, is code throughout; `(( ))` is arithmetic and a here-document fed to
+any other command is data. This is a reading of bash's grammar good for the commands plans
+hold, not bash itself; where the text cannot be split into words (an unbalanced quote) every
+finding in it counts as a command.
 """
 
 from __future__ import annotations
@@ -57,13 +59,15 @@ CODE_ENV = frozenset(
 _PREFIXES = frozenset(
     {
         "if", "then", "else", "elif", "do", "while", "until", "!", "{", "time",
-        "exec", "command", "builtin", "eval", "source", ".", "env", "sudo", "doas", "nohup",
+        "exec", "command", "builtin", "source", ".", "env", "sudo", "doas", "nohup",
         "nice", "ionice", "setsid", "stdbuf", "timeout", "xargs", "chroot", "taskset",
         "numactl", "strace", "unbuffer", "watch", "flock",
     }
 )  # fmt: skip
 # Commands whose `-c`/`-e` argument is code.
+_SHELLS = re.compile(r"(ba|da|z|k)?sh")
 _INTERPRETERS = re.compile(r"(ba|da|z|k)?sh|python[0-9.]*|perl|ruby|node|php|lua|Rscript")
+_HEREDOC = re.compile(r"(?<!<)<<(-?)\s*(['\"]?)([A-Za-z0-9_-]+)\2")
 _SEPARATORS = frozenset({";", ";;", "&", "&&", "|", "||", "|&", "(", ")", "`"})
 _ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)=(.*)", re.S)
 _PLACEHOLDER = re.compile(r"ORCHREF([0-9]+)Z")
@@ -136,20 +140,46 @@ def command_findings(text: str) -> list[Ref]:
     masked = replace_refs(text, placeholder)
     if not any(r.task for r in refs):
         return []
+    return [refs[i] for i in _commands(masked) if refs[i].task]
+
+
+def _commands(text: str) -> list[int]:
+    """The placeholders (by number) that name a command in shell text; every one where the text
+    cannot be split into words."""
+    everything = [int(m.group(1)) for m in _PLACEHOLDER.finditer(text)]
     try:
-        words = _words(masked)
+        text, bodies = _heredocs(text)
+        words = _words(text)
     except ValueError:  # unbalanced quotes: no word boundaries to trust
-        return [r for r in refs if r.task]
-    found: list[Ref] = []
+        return everything
+    found = [n for body in bodies for n in body]
+    command_next, redirect_next, arithmetic = True, False, False
+    command = ""  # the current simple command's name
+    evaluated: list[str] | None = None  # eval's words, to be read as a command of their own
+    code_next = False  # an interpreter's -c/-e argument comes next
 
-    def findings_in(word: str) -> list[Ref]:
-        return [r for m in _PLACEHOLDER.finditer(word) if (r := refs[int(m.group(1))]).task]
+    def numbers(word: str) -> list[int]:
+        return [int(m.group(1)) for m in _PLACEHOLDER.finditer(word)]
 
-    command_next, redirect_next, code_next = True, False, False
-    interpreter = False
+    def end_eval() -> None:
+        nonlocal evaluated
+        if evaluated is not None:
+            found.extend(_commands(" ".join(evaluated)))
+            evaluated = None
+
     for word in words:
-        if word in _SEPARATORS:
-            command_next, code_next, interpreter = True, False, False
+        if arithmetic:  # (( ... )) and $(( ... )): numbers and names, no commands
+            if "))" in word:
+                arithmetic = False
+                command_next = bool(set(word) & set(";&|"))
+            continue
+        if word.startswith("(("):
+            end_eval()
+            arithmetic = True
+            continue
+        if word in _SEPARATORS or (set(word) <= set(";&|()`") and word):
+            end_eval()
+            command_next, code_next, command = True, False, ""
             continue
         if set(word) <= set("<>&|0123456789") and ("<" in word or ">" in word):
             redirect_next = True
@@ -157,22 +187,51 @@ def command_findings(text: str) -> list[Ref]:
         if redirect_next:  # a file name
             redirect_next = False
             continue
+        if evaluated is not None:
+            evaluated.append(word)
+            continue
         if command_next:
             if m := _ASSIGNMENT.fullmatch(word):  # NAME=value before the command
                 if m.group(1) in CODE_ENV:
-                    found += findings_in(m.group(2))
+                    found += numbers(m.group(2))
                 continue
-            found += findings_in(word)
-            command_next = word in _PREFIXES
-            interpreter = bool(_INTERPRETERS.fullmatch(word.rsplit("/", 1)[-1]))
+            found += numbers(word)
+            command = word.rsplit("/", 1)[-1]
+            command_next = word in _PREFIXES and word != "eval"
+            evaluated = [] if word == "eval" else None
             continue
-        if code_next:
-            found += findings_in(word)
+        if code_next:  # a shell's -c is read as commands; another interpreter's is all code
+            found += _commands(word) if _SHELLS.fullmatch(command) else numbers(word)
             code_next = False
             continue
-        if interpreter and word in ("-c", "-e"):
+        if _INTERPRETERS.fullmatch(command) and word in ("-c", "-e"):
             code_next = True
+    end_eval()
     return found
+
+
+def _heredocs(text: str) -> tuple[str, list[list[int]]]:
+    """`text` without its here-documents' bodies, and per body the placeholders that are code:
+    all of them when an interpreter reads the body (`bash <<EOF`), none for data (`cat`)."""
+    lines, kept, bodies = text.split("\n"), [], []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        kept.append(line)
+        i += 1
+        for m in _HEREDOC.finditer(line):
+            delimiter, tabs = m.group(3), bool(m.group(1))
+            body = []
+            while i < len(lines) and (lines[i].lstrip("\t") if tabs else lines[i]) != delimiter:
+                body.append(lines[i])
+                i += 1
+            i += 1  # the delimiter's line
+            reader = [w.rsplit("/", 1)[-1] for w in line[: m.start()].split()]
+            code = any(_INTERPRETERS.fullmatch(w) for w in reader)
+            bodies.append(
+                [int(p.group(1)) for b in body for p in _PLACEHOLDER.finditer(b)] if code else []
+            )
+    return "\n".join(kept), bodies
 
 
 def _words(text: str) -> list[str]:

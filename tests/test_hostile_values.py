@@ -21,7 +21,7 @@ from orchestrator.executor import Runner
 from orchestrator.templating import INERT_MAX, Ref, inert_word, is_inert
 from orchestrator.terminal import clean
 
-from conftest import PlanDir, run_orch
+from conftest import ORCH, PlanDir, run_orch
 
 # Each context holds X where the value goes; all run in one script, each in its own subshell
 # so that one context's syntax error does not stop the others.
@@ -267,14 +267,27 @@ NASTY = "\x1b]0;pwned\x07ok \x1b]8;;http://evil\x1b\\link\x1b]8;;\x1b\\ \x1b[2J\
 CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
-def test_clean_removes_whole_sequences() -> None:
-    """OSC titles and hyperlinks, CSI, C1 and lone controls go; their text is not left behind."""
-    assert clean(NASTY) == "ok link red1m"
-    assert clean("a\tb\nc\r\x00") == "a\tb\nc" and clean("a\tb\nc", multiline=False) == "a b c"
-    assert clean("end\x1b") == "end"
+def test_clean_shows_every_control_character_escaped() -> None:
+    """OSC titles and hyperlinks, CSI, C1, BEL, a lone CR: each control character is shown as
+    `\\xNN`, so none acts and none hides; tabs and newlines stay (or become spaces)."""
+    assert clean(NASTY) == (
+        "\\x1b]0;pwned\\x07ok \\x1b]8;;http://evil\\x1b\\link\\x1b]8;;\\x1b\\ "
+        "\\x1b[2J\\x1b[31mred\\x9b1m"
+    )
+    assert not CONTROL.search(clean(NASTY))
+    assert clean("a\tb\nc\r\x00") == "a\tb\nc\\x0d\\x00" and clean("a\r\nb") == "a\nb"
+    assert clean("a\tb\nc", multiline=False) == "a b c" and clean("end\x1b") == "end\\x1b"
 
 
-def test_findings_with_escapes_are_stripped_on_the_terminal_exact_in_json(pdir: PlanDir) -> None:
+@given(st.text())
+def test_nothing_clean_gives_out_acts_on_a_terminal(text: str) -> None:
+    out = clean(text, multiline=False)
+    assert not CONTROL.search(out) and "\n" not in out and "\t" not in out
+
+
+def test_findings_with_escapes_are_shown_escaped_on_the_terminal_exact_in_json(
+    pdir: PlanDir,
+) -> None:
     """`orch status` and the run log print no control character; `--json` keeps the value."""
     plan = pdir.write(
         "name: t\ntasks:\n"
@@ -287,9 +300,44 @@ def test_findings_with_escapes_are_stripped_on_the_terminal_exact_in_json(pdir: 
     assert run.returncode == 1
     status = run_orch("status", plan)
     for text in (run.stderr, status.stdout + status.stderr):
-        assert "ok link" in text and "pwned" not in text and "evil" not in text
+        assert "x1b]0;pwned" in text  # shown escaped, inert (the run log's repr doubles \\)
         assert not CONTROL.search(text), repr(text)
     as_json = json.loads(run_orch("status", plan, "--json").stdout)
     tasks = {t["id"]: t for t in as_json["tasks"]}
     assert tasks["src"]["findings"][0]["value"] == NASTY
     assert "\x1b]0;pwned\x07" in tasks["bad"]["output_tail"]
+
+
+def test_events_and_logs_show_control_characters_escaped_and_raw_gives_the_bytes(
+    pdir: PlanDir,
+) -> None:
+    """OSC 52 (the clipboard), OSC 0 (the title), C1 CSI, BEL and a bare CR in a finding and in
+    a task's output: `orch events`, `orch logs` and `orch status` print them as `\\xNN`, in a
+    pipe too; `orch logs --raw` gives the log's bytes; --json keeps the value exact."""
+    payload = "\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x9b2J\x07over\rwrite"
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        "  - {id: src, kind: shell, params: {command: [python3, -c, "
+        "'import sys; print(\"::finding k=\" + sys.argv[1]); print(sys.argv[1])', "
+        f"{json.dumps(payload)}]}}}}\n"
+    )
+    assert run_orch("run", plan).returncode == 0
+    shown = {
+        args: run_orch(*args, plan, *extra).stdout
+        for args, extra in (
+            (("events",), ()),
+            (("logs",), ("src",)),
+            (("status",), ()),
+        )
+    }
+    for args, text in shown.items():
+        assert not CONTROL.search(text), (args, repr(text))
+    assert "\\x1b]52;c;cHduZWQ=\\x07" in shown[("events",)]
+    assert "\\x9b2J\\x07over\\x0dwrite" in shown[("logs",)]
+    raw = subprocess.run(
+        [str(ORCH), "logs", str(plan), "src", "--raw"], capture_output=True, check=True
+    ).stdout
+    assert payload.encode() in raw
+    events = run_orch("events", plan, "--json").stdout.splitlines()
+    values = [json.loads(line).get("value") for line in events]
+    assert any(str(v).startswith("\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x9b2J") for v in values)

@@ -42,7 +42,17 @@ FOUND = [Ref("x", "probe")]
         (f"sudo {X}", True),
         (f"env {X}", True),
         (f"xargs {X} < list", True),
+        (f"(( {X} + 1 ))", False),  # arithmetic: a number, not a command
+        (f"echo $(( {X} * 2 )); {X}", True),
+        (f"a=(1 2); echo $(( a[{X}] ))", False),
+        (f"cat <<EOF\n{X}\nEOF\necho done", False),  # a here-document's body is data ...
+        (f"bash <<EOF\n{X}\nEOF", True),  # ... unless a shell reads it
+        (f"cat <<-'END'\n\t{X}\n\tEND\n{X}", True),
+        (f'eval "echo {X}"', False),  # eval reads its words as a command
+        (f'eval "{X} now"', True),
         (f"bash -c {X}", True),
+        (f'bash -c "echo {X}"', False),
+        (f'sh -c "ls; {X}"', True),
         (f"/usr/bin/python3 -c {X}", True),
         (f"PATH={X} ls", True),
         (f"LD_PRELOAD={X} ls", True),
