@@ -68,8 +68,11 @@ def _vars_file_args(path: Path | None) -> tuple[str, ...]:
     plan and into the digest that says whether a finished plan has anything to do."""
     if path is None:
         return ()
+    from .files import not_a_file
     from .yamlsource import load_yaml
 
+    if (what := not_a_file(path)) is not None:
+        raise UsageError(f"--vars-file {path} is {what}, not a file")
     if not path.is_file():
         raise UsageError(f"--vars-file {path}: no such file")
     try:
@@ -988,11 +991,12 @@ def report(
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
-
+    folder = out_dir or path.with_suffix(".report")
     try:
-        page, figures = write_report(
-            store, out_dir or path.with_suffix(".report"), kind_sections, run_id
-        )
+        page, figures = write_report(store, folder, kind_sections, run_id)
+    except OSError as exc:  # under /proc, on a file, read-only: the folder's fault, said so
+        why = exc.strerror or str(exc)
+        raise UsageError(f"cannot write the report into {folder}: {why}; give -o DIR") from None
     finally:
         store.close()
     if as_json:

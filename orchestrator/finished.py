@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from .errors import StoreError
+from .files import MAX_PLAN_BYTES, read_bounded
 from .lock import RunLock
 from .store import SQLITE_ERRORS, Store
 
@@ -47,9 +48,8 @@ _ENV_NAME = re.compile(rb"\benv:[ \t]*['\"]?([A-Za-z_][A-Za-z0-9_]*)")
 def plan_digest(plan_file: Path, var_args: Sequence[str]) -> str | None:
     """sha256 of the plan file, the overrides and the environment values its vars may read;
     None if the file cannot be read."""
-    try:
-        data = plan_file.read_bytes()
-    except OSError:
+    data = read_bounded(plan_file, MAX_PLAN_BYTES)  # /dev/zero, a FIFO: the full load says so
+    if data is None or len(data) > MAX_PLAN_BYTES:
         return None
     names = sorted({m.decode() for m in _ENV_NAME.findall(data)})
     env = "\0".join(f"{n}={os.environ.get(n, '')}" if n in os.environ else n for n in names)
@@ -61,10 +61,9 @@ def guess_store(plan_file: Path, store_opt: str | None) -> Path | None:
     guess only finds no matching digest, and the full path runs."""
     if store_opt:
         return Path(store_opt)
-    try:
-        m = _NAME.search(plan_file.read_bytes())
-    except OSError:
+    if (data := read_bounded(plan_file, MAX_PLAN_BYTES)) is None:
         return None
+    m = _NAME.search(data)
     return plan_file.parent / ".orch" / f"{m.group(1).decode()}.db" if m else None
 
 

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 from .errors import StoreError, StoreLocked
+from .files import not_a_file
 
 
 class RunLock:
@@ -22,7 +23,13 @@ class RunLock:
         self._fd: int | None = None
         self._holder: dict[str, object] = {}
 
+    def _refuse_odd(self) -> None:
+        """A FIFO in the lock's place would be waited on forever when opened to read."""
+        if (what := not_a_file(self.path)) is not None:
+            raise StoreError(f"the run lock {self.path} is {what}, not a file: remove it")
+
     def acquire(self, holder: dict[str, object]) -> None:
+        self._refuse_odd()
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # private: names the holder
@@ -63,6 +70,7 @@ class RunLock:
 
     def try_probe(self) -> bool:
         """True if no live process holds the lock (taken and released at once)."""
+        self._refuse_odd()
         try:
             fd = os.open(self.path, os.O_RDONLY)
         except FileNotFoundError:

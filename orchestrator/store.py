@@ -38,6 +38,7 @@ from typing import Any, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .errors import StoreError, UsageError, did_you_mean
+from .files import not_a_file
 from .findings import Finding, FindingValue
 from .guards import undone_by
 from .redact import mask, mask_value
@@ -185,6 +186,66 @@ _INDEXES = {"transitions": ("task_id", "seq"), "findings": ("task_id", "attempt"
 _SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL", bytes: "BLOB"}
 
 
+# Columns orch always writes: NULL there is damage or a hand edit, and would fail orch later
+# (an attempts count of NULL, say) with a traceback instead of a message.
+_REQUIRED = {
+    "runs": ("id", "started_at"),
+    "todos": ("id", "title", "status", "attempts", "position", "in_plan"),
+    "transitions": ("seq", "task_id", "to_status", "at"),
+    "findings": ("seq", "task_id", "key", "at"),
+    "resources": ("name", "task_id", "kind"),
+    "approvals": ("seq", "task_id", "at"),
+}
+# Numbers are what orch computes with (attempts > 1, ended_at - started_at): in the tables of
+# one row a run or a task, a number column holding text is refused. Text columns are not
+# checked, nor the log tables' numbers: every column of every row cost ~5.8 ms a 1000-task
+# store at every open, these ~1.8 ms (bench/bench_integrity.py).
+_STORED_AS = {int: ("integer",), float: ("real", "integer")}
+_TYPED = ("runs", "todos")  # one row a run or a task; the log tables: required values only
+_STATUS_COLUMNS = {"todos": ("status",), "transitions": ("from_status", "to_status")}
+
+
+@functools.cache
+def _invariant_queries(version: int) -> tuple[tuple[str, str], ...]:
+    """Per table, a query for the first row that breaks what orch writes: a required value
+    missing, a value of another type than its column's, a status orch does not know. Each
+    gives (the row's key, what is wrong). One pass over each table."""
+    statuses = ", ".join(f"'{s}'" for s in Status)
+    out = []
+    for table, columns in COLUMNS.items():
+        if version < _SINCE.get(table, 1):
+            continue
+        checks = []
+        for column, kind in columns.items():
+            if version < _COLUMNS_SINCE.get((table, column), 1):
+                continue
+            quoted = f'"{column}"'
+            if column in _REQUIRED.get(table, ()):
+                checks.append((f"{quoted} IS NULL", f"'{column} is NULL'"))
+            if table in _TYPED and (types := _STORED_AS.get(kind)) is not None:
+                allowed = ", ".join(f"'{t}'" for t in (*types, "null"))
+                checks.append(
+                    (
+                        f"typeof({quoted}) NOT IN ({allowed})",
+                        f"'{column} is ' || typeof({quoted}) || ', not {types[0]}'",
+                    )
+                )
+            if column in _STATUS_COLUMNS.get(table, ()):
+                checks.append(
+                    (
+                        f"{quoted} NOT IN ({statuses})",
+                        f"'{column} ' || quote({quoted}) || ' is no status'",
+                    )
+                )
+        if not checks:
+            continue
+        key = f'"{_TABLE_OPTIONS[table]["pk"]}"'
+        problem = "CASE " + " ".join(f"WHEN {c} THEN {m}" for c, m in checks) + " END"
+        where = " OR ".join(f"({c})" for c, _ in checks)
+        out.append((table, f'SELECT {key}, {problem} FROM "{table}" WHERE {where} LIMIT 1'))
+    return tuple(out)
+
+
 def _sql_default(value: Any) -> str:
     return "'" + value.replace("'", "''") + "'" if isinstance(value, str) else str(value)
 
@@ -313,7 +374,10 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
 
 
 def _check_file(path: Path) -> None:
-    """Refuse what is there but cannot be a store: a folder, an empty file, not SQLite, cut."""
+    """Refuse what is there but cannot be a store: a folder, a FIFO or a device (opening a
+    FIFO would wait forever), an empty file, not SQLite, cut."""
+    if (what := not_a_file(path)) is not None:
+        raise StoreError(f"{path} is {what}, not an orch store: use another --store")
     try:
         size = path.stat().st_size
         with path.open("rb") as f:
@@ -482,9 +546,12 @@ class Store:
 
     @_guarded
     def _check(self, create: bool) -> None:
-        problem = self.conn.execute("PRAGMA quick_check(1)").fetchone()[0]
+        # integrity_check, not quick_check: it also holds every index against its table (one
+        # that disagrees passes quick_check, and a finding read through it can be silently
+        # gone), for ~0.9 ms more at each open of a 1000-task store (bench/bench_integrity.py).
+        problem = self.conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
         if problem != "ok":
-            raise StoreError(f"{self.path} is damaged (quick_check: {problem}): {_RESTORE}")
+            raise StoreError(f"{self.path} is damaged (integrity_check: {problem}): {_RESTORE}")
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(
@@ -505,14 +572,11 @@ class Store:
                     f"{self.path} is damaged (table {table} lacks "
                     f"{', '.join(sorted(wanted - have))}): {_RESTORE}"
                 )
-        statuses = ", ".join(f"'{s}'" for s in Status)
-        bad = self.conn.execute(
-            f"SELECT id, status FROM todos WHERE status NOT IN ({statuses}) LIMIT 1"
-        ).fetchone()
-        if bad is not None:
-            raise StoreError(
-                f"{self.path} is damaged (task {bad[0]!r} has status {bad[1]!r}): {_RESTORE}"
-            )
+        for table, query in _invariant_queries(version):
+            if (bad := self.conn.execute(query).fetchone()) is not None:
+                raise StoreError(
+                    f"{self.path} is damaged ({table} row {bad[0]!r}: {bad[1]}): {_RESTORE}"
+                )
         if version < SCHEMA_VERSION:
             if self.readonly:
                 raise StoreError(

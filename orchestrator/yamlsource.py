@@ -16,6 +16,7 @@ import yaml
 from yaml.composer import ComposerError
 
 from .errors import PlanError, PlanIssue
+from .files import MAX_PLAN_BYTES, not_a_file
 
 # The C loader is ~10x faster on large plans; the pure-Python one is the fallback.
 _Loader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -24,7 +25,6 @@ Path_ = tuple[str | int, ...]
 _STR = "tag:yaml.org,2002:str"
 _MERGE = "tag:yaml.org,2002:merge"
 
-MAX_PLAN_BYTES = 1024 * 1024  # the repo's largest plan is ~5 KB
 MAX_DEPTH = 32  # nested mappings/lists, aliases expanded; real plans nest 4-5 deep
 MAX_VALUES = 100_000  # every key, value and item, each alias counted as all it stands for
 MAX_SCALAR_CHARS = 64 * 1024  # one key or value: a long command still fits
@@ -58,6 +58,8 @@ class Located:
 def load_yaml(path: Path) -> Located:
     """Parse `path`; a syntax error becomes a PlanError naming file and line."""
     file = str(path)
+    if (what := not_a_file(path)) is not None:  # a FIFO would be waited on forever
+        raise PlanError([PlanIssue(file, None, f"the plan is {what}, not a file")])
     try:
         with path.open("rb") as f:  # read no more than the limit: the file may be /dev/zero
             raw = f.read(MAX_PLAN_BYTES + 1)

@@ -13,6 +13,7 @@ import sqlite3
 import stat
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -36,7 +37,7 @@ name: t
 tasks:
   - id: a
     kind: shell
-    params: {{command: "echo ran >> {root}/a.count"}}
+    params: {{command: "echo ::finding k=1; echo ran >> {root}/a.count"}}
 """
 # `a` says it started, then sleeps: time to damage the store under a live run.
 SLOW_PLAN = """\
@@ -109,6 +110,24 @@ def _index_garbage(data: bytes) -> bytes:
     return data[:at] + bytes(b ^ 0x5A for b in data[at : at + size]) + data[at + size :]
 
 
+def _index_disagrees(data: bytes) -> bytes:
+    """The findings' index declared on other columns than it was built from: every page is
+    sound (quick_check passes), but the index no longer matches its table."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp, "t.db")
+        path.write_bytes(data)
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            conn.execute("PRAGMA writable_schema=ON")
+            conn.execute(
+                'UPDATE sqlite_master SET sql = replace(sql, \'"task_id", "attempt"\', '
+                "'\"key\", \"attempt\"') WHERE name = 'idx_findings_task_id_attempt'"
+            )
+            conn.commit()
+        with contextlib.closing(sqlite3.connect(path)) as conn:
+            assert conn.execute("PRAGMA quick_check").fetchone() == ("ok",)
+        return path.read_bytes()
+
+
 @pytest.mark.parametrize(
     ("damage", "words"),
     [
@@ -117,9 +136,10 @@ def _index_garbage(data: bytes) -> bytes:
         (_header_garbage, ("not an SQLite database",)),
         (_text_file, ("not an SQLite database",)),
         (_pages_garbage, ("damaged", "restore a backup")),
-        (_index_garbage, ("damaged (quick_check", "restore a backup")),
+        (_index_garbage, ("damaged (integrity_check", "restore a backup")),
+        (_index_disagrees, ("damaged (integrity_check", "missing from index")),
     ],
-    ids=["empty", "half", "header", "text", "pages", "index"],
+    ids=["empty", "half", "header", "text", "pages", "index", "index-disagrees"],
 )
 def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
     pdir: PlanDir, damage: Callable[[bytes], bytes], words: tuple[str, ...]
@@ -131,6 +151,36 @@ def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
         assert_refused(run_orch(*args, cwd=pdir.root), *words)
         assert store.read_bytes() == damaged, f"{name} wrote into the damaged store"
     assert (pdir.root / "a.count").read_text() == "ran\n", "the completed task ran again"
+
+
+@pytest.mark.parametrize(
+    ("sql", "named"),
+    [
+        ("UPDATE todos SET attempts = NULL", "todos row 'a': attempts is NULL"),
+        ("UPDATE todos SET attempts = 'x'", "todos row 'a': attempts is text, not integer"),
+        ("UPDATE todos SET status = 'done'", "todos row 'a': status 'done' is no status"),
+        ("UPDATE todos SET position = NULL", "todos row 'a': position is NULL"),
+        ("UPDATE transitions SET to_status = 'zzz'", "transitions row 1: to_status 'zzz'"),
+        ("UPDATE runs SET started_at = 'soon'", "runs row 1: started_at is text, not real"),
+        ("UPDATE findings SET key = NULL", "findings row 1: key is NULL"),
+    ],
+    ids=["attempts-null", "attempts-text", "status", "position", "transition", "run", "finding"],
+)
+def test_a_store_that_breaks_orchs_invariants_is_refused_with_the_row_named(
+    pdir: PlanDir, sql: str, named: str
+) -> None:
+    """An edited or half-migrated store that SQLite finds sound but orch never wrote: every
+    command refuses it with the row and the value named (exit 2), no TypeError traceback."""
+    pdir.write(
+        COUNTING_PLAN.replace("echo ran", "echo ::finding k=1; echo ran").format(root=pdir.root)
+    )
+    assert run_orch("run", "plan.yaml", cwd=pdir.root).returncode == 0
+    store = pdir.store_path()
+    with contextlib.closing(sqlite3.connect(store)) as conn:
+        conn.execute(sql)
+        conn.commit()
+    for args in COMMANDS.values():
+        assert_refused(run_orch(*args, cwd=pdir.root), "damaged", named)
 
 
 def test_store_of_a_newer_orch_is_refused(pdir: PlanDir) -> None:
