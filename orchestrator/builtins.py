@@ -31,6 +31,13 @@ class ShellParams(BaseModel):
         description="a string run by `bash -c` (with pipefail), or an argv list run directly"
     )
     env: dict[str, str] = {}
+    paths: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
+        default_factory=dict,
+        description="paths the command gets as environment variables of these names; one built "
+        "from a finding must stay inside the folder written before it, as `cwd` (`paths: {LOG: "
+        '/srv/logs/${tasks.x.findings.name}}`, then `cat "$LOG"`): the way to use a finding '
+        "as a path in a command, where shell text alone cannot confine it",
+    )
     cwd: str | None = None
     success_codes: list[int] = [0]
     grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
@@ -44,8 +51,8 @@ class ShellTask(Task[ShellParams]):
 
     Params = ShellParams
     shell_params = frozenset({"command"})
-    env_params = frozenset({"env"})
-    path_params = frozenset({"cwd"})
+    env_params = frozenset({"env", "paths"})
+    path_params = frozenset({"cwd", "paths"})
 
     def run(self, ctx: Context) -> None:
         p = self.params
@@ -54,7 +61,7 @@ class ShellTask(Task[ShellParams]):
         )
         ctx.run(
             argv,
-            env=p.env,
+            env={**p.env, **p.paths},
             cwd=p.cwd,
             success_codes=p.success_codes,
             grace=p.grace,

@@ -891,7 +891,7 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert report.name == "analyze.md" and report.parent == pdir.root / ".orch" / "t.runs" / "1"
     md = report.read_text()
     assert (
-        f"| aq_medai | {AQ_VERDICT} | not measured | not measured | yes, 48 | 1.65 (3) "
+        f"| aq_medai | {AQ_VERDICT} | not measured | not measured | 0.36x | yes, 48 | 1.65 (3) "
         "| 21.7% | 0.411 | 42% (sglang_legacy) |"
     ) in md
     assert "| custom | no speed-up: tau=1.00, no draft accepted |" in md

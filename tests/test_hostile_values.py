@@ -341,3 +341,38 @@ def test_events_and_logs_show_control_characters_escaped_and_raw_gives_the_bytes
     events = run_orch("events", plan, "--json").stdout.splitlines()
     values = [json.loads(line).get("value") for line in events]
     assert any(str(v).startswith("\x1b]52;c;cHduZWQ=\x07\x1b]0;title\x07\x9b2J") for v in values)
+
+
+@pytest.mark.parametrize(
+    ("name", "ok"),
+    [("app.log", True), ("../../../etc/passwd", False), ("sub/../../escape", False)],
+)
+def test_a_finding_used_as_a_path_in_a_command_is_confined_through_paths(
+    pdir: PlanDir, name: str, ok: bool
+) -> None:
+    """`paths: {LOG: logs/${finding}}` hands the command a path that stays inside logs/, or
+    the task fails before the command runs, saying where the finding led."""
+    (pdir.root / "logs").mkdir()
+    (pdir.root / "logs" / "app.log").write_text("inside\n")
+    plan = pdir.write(f"""
+        name: t
+        tasks:
+          - id: probe
+            kind: python
+            params: {{function: "os.path:normpath", args: {{path: {json.dumps(name)}}}}}
+          - id: read
+            kind: shell
+            needs: [probe]
+            params:
+              command: 'cat "$LOG"'
+              paths: {{LOG: "logs/${{tasks.probe.findings.result}}"}}
+    """)
+    r = run_orch("run", plan, cwd=pdir.root)
+    if ok:
+        assert r.returncode == 0, r.stderr
+        assert "inside" in next(pdir.root.rglob("read.log")).read_text()
+    else:
+        assert r.returncode == 1
+        error = pdir.todo("read")["last_error"]
+        assert "param 'paths.LOG'" in error and "outside" in error and "/logs" in error
+        assert not list(pdir.root.rglob("read.log"))  # the command never ran
