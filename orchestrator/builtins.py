@@ -31,6 +31,7 @@ class ShellParams(BaseModel):
         description="a string run by `bash -c` (with pipefail), or an argv list run directly"
     )
     env: dict[str, str] = {}
+    cwd: str | None = None
     paths: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
         default_factory=dict,
         description="paths the command gets as environment variables of these names; one built "
@@ -38,7 +39,6 @@ class ShellParams(BaseModel):
         '/srv/logs/${tasks.x.findings.name}}`, then `cat "$LOG"`): the way to use a finding '
         "as a path in a command, where shell text alone cannot confine it",
     )
-    cwd: str | None = None
     success_codes: list[int] = [0]
     grace: float = Field(10.0, ge=0, description="seconds between SIGTERM and SIGKILL")
     log_limit: Annotated[int, BeforeValidator(parse_size)] = Field(

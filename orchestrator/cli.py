@@ -675,12 +675,15 @@ def plan_cmd(
     if as_json:
         click.echo(json.dumps({"plan": plan.name, "store": str(path), "steps": steps}, indent=2))
         return
+    from .terminal import clean  # reasons quote findings and what a check saw
+
     id_w = max(len(s["id"]) for s in steps)
     for s in steps:
         added = f"(added by {s['origin']}) " if s["origin"] != "plan" else ""
-        click.echo(f"  {s['action']:<8} {s['id']:<{id_w}}  {added}{s['reason']}")
+        line = f"  {s['action']:<8} {s['id']:<{id_w}}  {added}{s['reason']}"
+        click.echo(clean(line, multiline=False))
         for change in s["changed"]:
-            click.echo(f"  {'':<8} {'':<{id_w}}    changed: {change}")
+            click.echo(clean(f"  {'':<8} {'':<{id_w}}    changed: {change}", multiline=False))
 
 
 # --- logs / history --------------------------------------------------------------------------

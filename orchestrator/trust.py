@@ -98,8 +98,8 @@ def choosing_code(cls: type[Any], params: Mapping[str, Any]) -> list[tuple[str, 
         value = params[key]
         if isinstance(value, str):
             found = command_findings(value)
-        elif isinstance(value, list) and value:
-            found = finding_refs(value[0])
+        elif isinstance(value, list):
+            found = argv_findings(value)
         else:
             found = []
         out += [
@@ -207,6 +207,31 @@ def _commands(text: str) -> list[int]:
         if _INTERPRETERS.fullmatch(command) and word in ("-c", "-e"):
             code_next = True
     end_eval()
+    return found
+
+
+def argv_findings(argv: list[Any]) -> list[Ref]:
+    """The finding references of an argv list that name a command: its first item, the item
+    after a prefix (`sudo`, `env A=1`, `xargs`), and an interpreter's `-c`/`-e` code (a
+    shell's read as shell text). Items are never split: the rest are arguments."""
+    found: list[Ref] = []
+    command_next, code_next, command = True, False, ""
+    for item in argv:
+        text = item if isinstance(item, str) else ""
+        if command_next:
+            if _ASSIGNMENT.fullmatch(text) and command == "env":  # env NAME=value prog
+                name, _, value = text.partition("=")
+                found += finding_refs(value) if name in CODE_ENV else []
+                continue
+            found += finding_refs(item)
+            command = text.rsplit("/", 1)[-1]
+            command_next = text in _PREFIXES
+            continue
+        if code_next:
+            found += command_findings(text) if _SHELLS.fullmatch(command) else finding_refs(item)
+            code_next = False
+        elif _INTERPRETERS.fullmatch(command) and text in ("-c", "-e"):
+            code_next = True
     return found
 
 
