@@ -17,7 +17,7 @@ from .guards import note as guard_note
 from .guards import undone_by
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
-from .selection import Action, Selection, decide
+from .selection import OWED_KEY, Action, Freshness, Owed, Selection, decide
 from .status import Status
 from .store import Store
 from .templating import Ref, evaluate_when, resolve
@@ -69,7 +69,10 @@ def dry_run(
 def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[str, Any]]:
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
+    done = store.done_marks() if store else {}
+    selection = selection.carrying(Owed.from_json(store.meta(OWED_KEY)) if store else None, done)
     selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
+    freshness = Freshness(plan, done)
     steps: list[dict[str, Any]] = []
     will_run: set[str] = set()  # their findings are the run's to know
     lookup = _lookup(plan, store, will_run)
@@ -102,7 +105,8 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
             steps.append(_step(task.id, "leave", reason))
             continue
         # A step undone is pending, as the run reads it after the undo: like no row at all.
-        d = decide(task, None if task.id in undone else rows.get(task.id), selection, statuses)
+        row = None if task.id in undone else rows.get(task.id)
+        d = decide(task, row, selection, statuses, freshness)
         action, reason = str(d.action), d.reason
         if d.action is Action.KEEP:
             action = "stale" if d.stale else "skip"
@@ -116,6 +120,7 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
             statuses[task.id] = _ASSUMED[action]
             if action == "run":
                 will_run.add(task.id)
+                freshness.redone.add(task.id)
                 starts = starts or ("surely" if sure else "maybe")
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"

@@ -42,7 +42,7 @@ from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .process import INTERRUPTS, raise_in_thread, tail
 from .resources import LEASE_KIND, release_all
-from .selection import Action, Selection, decide
+from .selection import OWED_KEY, Action, Freshness, Owed, Selection, asked, decide, owed_why
 from .snapshot import remember_stale
 from .stalls import MAX_RESTARTS, StallPolicy, StallReport, TaskStalled
 from .status import Status
@@ -169,10 +169,20 @@ class Runner:
         self.tag = tag  # tells this store's task markers from another store's
         self.selection, self.options, self.log = selection, options, log
         self.read_todos()
-        # Resolved again knowing who held what: the rerun's cut, revived holders, their releasers.
+        done = store.done_marks()
+        owed = Owed.from_json(store.meta(OWED_KEY))
+        # What an earlier run was asked to redo and did not; then resolved again knowing who
+        # held what: the rerun's cut, revived holders, their releasers.
+        selection = selection.carrying(owed, done)
         self.selection, revived = selection.reviving(plan, store.resources(), self.statuses)
         for task_id, why in revived.items():
             log.info("task.revived", task=task_id, why=why)
+        if carried := sorted(self.selection.carried):
+            log.warning("run.carried", tasks=", ".join(carried), why=owed_why(self.selection))
+        if not options.rollback:  # a rollback redoes nothing: what is owed stays owed
+            now_owed = self.selection.owing(run_id, store.last_transition(), asked(options))
+            store.set_meta(OWED_KEY, now_owed.to_json() if now_owed else None)
+        self.freshness = Freshness(plan, done)
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
         self.started = 0  # tasks this run started (0: nothing to do, all was done)
@@ -551,7 +561,9 @@ class Runner:
     # --- one task ------------------------------------------------------------------------------
 
     def visit(self, task: PlannedTask) -> None:
-        decision = decide(task, self.rows.get(task.id), self.selection, self.statuses)
+        decision = decide(
+            task, self.rows.get(task.id), self.selection, self.statuses, self.freshness
+        )
         if decision.action is Action.KEEP:
             if decision.stale:
                 self.stale[task.id] = decision.stale
@@ -760,6 +772,8 @@ class Runner:
         guards = self.guard_change(task, to)
         self.store.transition(task.id, to, reason, self.run_id, findings, guards, hold, **fields)
         self.statuses[task.id] = to
+        if to.done:
+            self.freshness.redone.add(task.id)
         if to is Status.COMPLETED or to is Status.INTERRUPTED:
             return
         if retrying:

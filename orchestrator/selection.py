@@ -19,6 +19,16 @@ Decisions (the same for `orch run` and `orch plan`, which both go through `Selec
   ends the resource anyway). Revival repeats until nothing changes: a revived holder that needs
   another holder revives that one too. A finished plan run again revives nothing.
 
+- Freshness (Make's rule, over `needs`): a done task is stale when a task it needs became done
+  again after it did (the store's transition order, not the clock), ran again in this run, or
+  is stale itself. It is kept and reported, like a task whose spec changed (`--rerun` redoes
+  it): a 30-minute benchmark is not redone unasked. A releaser's completion carries no data
+  (its dependents need it for order), so it makes nothing stale.
+- What a run was asked to redo (`--rerun`, `--from`, `--only`, revival) is owed until done: the
+  run records it as it starts (`Owed`), and a later run that finds part of it not done since
+  (the run crashed, failed, or stopped at a gate) redoes that part too, so an interrupted
+  `--rerun` never leaves results of two generations side by side.
+
 The engine knows holders, resources and releasers only, nothing of what a resource is.
 """
 
@@ -27,13 +37,17 @@ from __future__ import annotations
 import json
 import sqlite3
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
+from typing import Any
 
 from .errors import UsageError, did_you_mean
 from .guards import does as guard_does
 from .plan import Plan, PlannedTask, what_changed
 from .status import Status
+from .store import DoneMark
+
+OWED_KEY = "owed"  # the store's meta key of the latest run's Owed (JSON)
 
 
 @dataclass(frozen=True)
@@ -49,6 +63,7 @@ class Selection:
     # task -> tasks it runs after without needing them: a revived holder's releaser after the
     # holder's users (ordering for the run loop only; `decide` does not wait on them)
     after: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    owed: Owed | None = None  # what an earlier run was asked to redo and left undone (carrying)
 
     @classmethod
     def of(
@@ -110,7 +125,7 @@ class Selection:
         that needs it, in scope, has still to run, and that resource's releasers run again after
         those users (module docstring). Returns it, and why each added task runs."""
         base = Selection.of(plan, self.rerun, self.from_task, self.only, resources)
-        forced, scope = set(base.forced), set(base.scope)
+        forced, scope = set(base.forced) | self.carried, set(base.scope)
         after: dict[str, set[str]] = {}
         why: dict[str, list[str]] = {}
         releasers = _releasers(plan)
@@ -166,8 +181,104 @@ class Selection:
             self.from_task,
             self.only,
             {k: frozenset(v) for k, v in after.items()},
+            self.owed,
         )
         return selection, {task_id: "; ".join(whys) for task_id, whys in why.items()}
+
+    def carrying(self, owed: Owed | None, done: Mapping[str, DoneMark]) -> Selection:
+        """This selection with what `owed` still owes (not done since that run began) forced
+        too, in this selection's scope; call before `reviving`, which keeps it."""
+        if owed is None:
+            return self
+        owed = owed.left(done)
+        return replace(self, forced=self.forced | (owed.carried & self.scope), owed=owed)
+
+    @property
+    def carried(self) -> frozenset[str]:
+        return self.owed.carried & self.scope if self.owed else frozenset()
+
+    def owing(self, run_id: int, since: int, asked: str) -> Owed | None:
+        """What a run with this selection owes as it starts: its forced tasks in scope, and
+        what an earlier run still owed that this one leaves out of its scope."""
+        tasks = (self.forced & self.scope) | (self.owed.carried if self.owed else frozenset())
+        if not asked and self.owed and self.owed.tasks:  # still what that run asked for
+            run_id, asked = self.owed.run_id, self.owed.asked
+        return Owed(run_id, since, tuple(sorted(tasks)), asked or "a revival") if tasks else None
+
+    def why_carried(self, task_id: str) -> str | None:
+        if self.owed is None or task_id not in self.carried:
+            return None
+        return f"{self.owed.asked} (run #{self.owed.run_id}) did not finish it"
+
+
+@dataclass(frozen=True)
+class Owed:
+    """What a run was asked to redo, recorded as it starts (OWED_KEY): tasks forced, and the
+    store's last transition seq then; a task done after that seq has been redone."""
+
+    run_id: int
+    since: int
+    tasks: tuple[str, ...]
+    asked: str  # what the operator asked for, as the reason a later run gives
+
+    def left(self, done: Mapping[str, DoneMark]) -> Owed:
+        return replace(
+            self,
+            tasks=tuple(t for t in self.tasks if t not in done or done[t].seq <= self.since),
+        )
+
+    @property
+    def carried(self) -> frozenset[str]:
+        return frozenset(self.tasks)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {"run": self.run_id, "since": self.since, "tasks": self.tasks, "asked": self.asked}
+        )
+
+    @classmethod
+    def from_json(cls, raw: str | None) -> Owed | None:
+        """None for no record, or one this orch cannot read (a hand edit): nothing is carried."""
+        if not raw:
+            return None
+        try:
+            d = json.loads(raw)
+            return cls(int(d["run"]), int(d["since"]), tuple(map(str, d["tasks"])), str(d["asked"]))
+        except (ValueError, TypeError, KeyError):
+            return None
+
+
+class Freshness:
+    """Which done tasks hold results built on inputs replaced since (module docstring): fed
+    the store's done marks, then, as a run (or `orch plan`) goes, what it redoes and what it
+    finds stale, in plan order."""
+
+    def __init__(self, plan: Plan, done: Mapping[str, DoneMark]) -> None:
+        self.plan, self.done = plan, done
+        self.redone: set[str] = set()  # became done in this run (or will, for `orch plan`)
+        self.lagging: dict[str, tuple[str, ...]] = {}  # done tasks found behind, and why
+
+    def behind(self, task: PlannedTask) -> tuple[str, ...]:
+        """Why a done `task` is behind the tasks it needs, if it is (remembered: what needs
+        it is behind too). Asked of each done task once its needs were, in plan order."""
+        mine = self.done.get(task.id)
+        why = []
+        for need in task.spec.needs:
+            if need not in self.plan.by_id or self.plan.by_id[need].cls.releases is not None:
+                continue
+            theirs = self.done.get(need)
+            if need in self.redone:
+                why.append(f"{need} is redone in this run")
+            elif need in self.lagging:
+                why.append(f"{need} is stale")
+            elif mine is not None and theirs is not None and theirs.seq > mine.seq:
+                why.append(
+                    f"{need} {theirs.status} again in run #{theirs.run_id}, "
+                    f"after this ran in run #{mine.run_id}"
+                )
+        if why:
+            self.lagging[task.id] = tuple(why)
+        return tuple(why)
 
 
 def _releasers(plan: Plan) -> dict[str, list[str]]:
@@ -225,7 +336,7 @@ class Action(StrEnum):
 class Decision:
     action: Action
     reason: str = ""
-    stale: tuple[str, ...] = ()  # what changed since a kept task ran
+    stale: tuple[str, ...] = ()  # what changed since a done task ran (kept, or run again)
 
 
 def decide(
@@ -233,20 +344,21 @@ def decide(
     row: sqlite3.Row | None,
     selection: Selection,
     statuses: Mapping[str, Status],
+    freshness: Freshness | None = None,
 ) -> Decision:
-    """What a run does with `task`, given the statuses its needs have reached in this run."""
+    """What a run does with `task`, given the statuses its needs have reached in this run (and,
+    with `freshness`, what became done when: a kept task behind its needs is stale)."""
     status = Status(row["status"]) if row is not None else Status.PENDING
     if task.id not in selection.scope:
         return Decision(Action.OUT_OF_SCOPE, "not selected")
-    if status.done and task.id not in selection.forced:
+    stale: tuple[str, ...] = ()
+    if status.done:  # a forced one runs again, saying what it was behind on
+        stale = freshness.behind(task) if freshness is not None else ()
         if row is not None and row["spec_hash"] != task.spec_hash:
             old = json.loads(row["spec"]) if row["spec"] else {}
-            return Decision(
-                Action.KEEP,
-                f"{status}, but stale",
-                tuple(what_changed(old, task.fingerprint) or ["the spec changed"]),
-            )
-        return Decision(Action.KEEP, str(status))
+            stale += tuple(what_changed(old, task.fingerprint) or ["the spec changed"])
+    if status.done and task.id not in selection.forced:
+        return Decision(Action.KEEP, f"{status}, but stale" if stale else str(status), stale)
     for need in task.spec.needs:
         need_status = statuses.get(need, Status.PENDING)
         if need_status.done:
@@ -258,4 +370,21 @@ def decide(
                 Action.BLOCK, f"needs {need}, which is {need_status} and not selected to run"
             )
         return Decision(Action.WAIT, f"waits for {need}")
-    return Decision(Action.RUN, f"was {status}" if status is not Status.PENDING else "")
+    if carried := selection.why_carried(task.id):
+        return Decision(Action.RUN, carried, stale)
+    return Decision(Action.RUN, f"was {status}" if status is not Status.PENDING else "", stale)
+
+
+def asked(options: Any) -> str:
+    """What a run's options asked to redo, as a later run names it (RunOptions, or alike)."""
+    parts = [
+        *([f"--rerun {','.join(options.rerun)}"] if options.rerun else []),
+        *([f"--from {options.from_task}"] if options.from_task else []),
+        *([f"--only {','.join(options.only)}"] if options.only else []),
+    ]
+    return " ".join(parts)
+
+
+def owed_why(selection: Selection) -> str:
+    owed = selection.owed
+    return f"{owed.asked} (run #{owed.run_id}) did not finish them" if owed else ""

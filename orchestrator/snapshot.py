@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .board import status_json
 from .errors import OrchError
 from .findings import Finding
-from .store import Store
+from .store import DoneMark, Store
 
 if TYPE_CHECKING:
     from .plan import Plan
@@ -64,7 +64,7 @@ def take(
             from .plan import with_added
             from .todos import added_tasks
 
-            stale = stale_of(with_added(plan, added_tasks(store)), rows)
+            stale = stale_of(with_added(plan, added_tasks(store)), rows, store.done_marks())
     finally:
         store.close()
     return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
@@ -77,7 +77,7 @@ def remember_stale(store: Store, plan: Plan, digest: str | None) -> None:
 
     if digest is None:
         return
-    stale = stale_of(plan, store.todos())
+    stale = stale_of(plan, store.todos(), store.done_marks())
     value = {"digest": digest, "seq": store.last_transition(), "stale": stale}
     store.set_meta(STALE_KEY, json.dumps(value))
 
@@ -116,17 +116,21 @@ def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
             warn(f"could not record the dead run ({exc})")
 
 
-def stale_of(plan: Plan, rows: Sequence[sqlite3.Row]) -> dict[str, Any]:
-    """The completed tasks whose spec changed since they ran: id -> what changed."""
-    from .selection import Action, Selection, decide
+def stale_of(
+    plan: Plan, rows: Sequence[sqlite3.Row], done: Mapping[str, DoneMark]
+) -> dict[str, Any]:
+    """The done tasks whose spec changed since they ran, or that are behind what they need
+    (`done`: store.done_marks()): id -> what changed."""
+    from .selection import Action, Freshness, Selection, decide
     from .status import Status
 
     statuses = {r["id"]: Status(r["status"]) for r in rows}
     by_id = {r["id"]: r for r in rows}
     selection = Selection.of(plan)
+    freshness = Freshness(plan, done)
     stale = {}
     for task in plan.tasks:
-        d = decide(task, by_id.get(task.id), selection, statuses)
+        d = decide(task, by_id.get(task.id), selection, statuses, freshness)
         if d.action is Action.KEEP and d.stale:
             stale[task.id] = d.stale
     return stale

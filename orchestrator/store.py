@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from .errors import StoreError, UsageError, did_you_mean
@@ -58,6 +58,15 @@ _RESTORE = "move it aside to start over (every task runs again), or restore a ba
 
 P = ParamSpec("P")
 R = TypeVar("R")
+
+
+class DoneMark(NamedTuple):
+    """When a task last became done: its transition's seq, the run, and how (completed/skipped)."""
+
+    seq: int
+    run_id: int | None
+    status: str
+
 
 # The schema: created from these, and checked against them at open (a damaged schema text can
 # pass quick_check and still lose a column).
@@ -1318,6 +1327,18 @@ class Store:
     def last_transition(self) -> int:
         """The sequence number of the latest transition (0 if none)."""
         return int(self.conn.execute("SELECT coalesce(max(seq), 0) FROM transitions").fetchone()[0])
+
+    def done_marks(self) -> dict[str, DoneMark]:
+        """Each task's latest move to completed or skipped: which result is newer than which
+        (selection.Freshness). The transition's seq orders them, whatever the clock did."""
+        return {
+            r[0]: DoneMark(r[1], r[2], r[3])
+            for r in self.conn.execute(
+                # SQLite gives a bare column of the row that max() chose.
+                "SELECT task_id, max(seq), run_id, to_status FROM transitions"
+                " WHERE to_status IN ('completed', 'skipped') GROUP BY task_id"
+            )
+        }
 
     def runs_after(self, run_id: int, open_ids: set[int]) -> list[sqlite3.Row]:
         """Runs begun after `run_id`, and those of `open_ids` (to see them end), by id."""

@@ -111,6 +111,9 @@ def test_rerun_a_benchmark_relaunches_its_server_stops_it_again_and_keeps_the_re
     assert attempts(pd) == {**ALL_ONCE, "launch": 2, "bench": 2, "stop": 2, "final": 2}
     assert set(pd.statuses().values()) == {"completed"}
     assert findings(plan, "stop")["stopped"] is True  # it stopped the relaunched server
+    # launch2 needs stop for the order only: a releaser redone makes nothing stale.
+    doc = json.loads(run_orch("status", plan, "--json").stdout)
+    assert [t["id"] for t in doc["tasks"] if t["stale"]] == []
 
 
 def test_the_rerun_rule_stops_at_a_releaser_unless_the_rerun_starts_upstream_of_its_holder(
