@@ -10,8 +10,9 @@ import os
 import signal
 from pathlib import Path
 
-from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 from test_revival import attempts, bench, dry, launch, stop
+
+from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 from test_servers import findings, no_server_left
 
 __all__ = ["no_server_left"]  # the autouse fixture: no server process outlives a test
@@ -29,7 +30,8 @@ def rehearsal_shape(pd: PlanDir) -> Path:
   - id: pause
     kind: shell
     needs: [stop]
-    params: {{command: "touch {pd.root}/paused; while [ ! -e {pd.root}/go ]; do sleep 0.05; done"}}"""
+    params:
+      command: 'touch {pd.root}/paused; while [ ! -e {pd.root}/go ]; do sleep 0.05; done'"""
         + launch("launch2", free_port(), "[pause]")
         + bench("bench2", "launch2")
         + stop("stop2", "launch2", "bench2")
@@ -37,7 +39,9 @@ def rehearsal_shape(pd: PlanDir) -> Path:
   - id: analyze
     kind: shell
     needs: [bench, bench2]
-    params: {command: "echo ::finding base=${tasks.bench.findings.result}:${tasks.bench.findings.c1.output_tok_s}"}
+    params:
+      command: >-
+        echo ::finding base=${tasks.bench.findings.result}:${tasks.bench.findings.c1.output_tok_s}
 """
     )
 
@@ -106,7 +110,10 @@ def shell_chain(pd: PlanDir) -> Path:
         name: t
         tasks:
           - {id: a, kind: shell, params: {command: "echo ::finding n=$RANDOM"}}
-          - {id: b, kind: shell, needs: [a], params: {command: "echo ::finding n=${tasks.a.findings.n}"}}
+          - id: b
+            kind: shell
+            needs: [a]
+            params: {command: "echo ::finding n=${tasks.a.findings.n}"}
           - {id: c, kind: shell, needs: [b], params: {command: "true"}}
         """
     )
@@ -148,7 +155,10 @@ def test_a_rerun_stopped_by_a_failure_is_finished_by_the_next_run(tmp_path: Path
         tasks:
           - {{id: a, kind: shell, params: {{command: "echo ::finding n=$RANDOM$RANDOM"}}}}
           - {{id: check, kind: shell, needs: [a], params: {{command: "test ! -e {tmp_path}/bad"}}}}
-          - {{id: b, kind: shell, needs: [a], params: {{command: "echo ::finding n=${{tasks.a.findings.n}}"}}}}
+          - id: b
+            kind: shell
+            needs: [a]
+            params: {{command: "echo ::finding n=${{tasks.a.findings.n}}"}}
         """
     )
     assert run_orch("run", plan).returncode == 0
