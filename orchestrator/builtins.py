@@ -23,12 +23,18 @@ from .sizes import parse_size
 from .task import CheckResult, Command, Context, Precondition, Task
 from .umask import user_umask
 
+# As GitHub Actions runs a `shell: bash` step: a command that fails in the middle of a script
+# fails the task (`dd: invalid number` must not complete with the last run's file), and so
+# does one in a pipe. `-e` has bash's exceptions: a command in `if`, `&&`, `||` or `!`.
+BASH = ("bash", "-eo", "pipefail", "-c")
+
 
 class ShellParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: Command = Field(
-        description="a string run by `bash -c` (with pipefail), or an argv list run directly"
+        description="a string run by `bash -eo pipefail -c` (a failing command fails the task), "
+        "or an argv list run directly"
     )
     env: dict[str, str] = {}
     cwd: str | None = None
@@ -56,9 +62,7 @@ class ShellTask(Task[ShellParams]):
 
     def run(self, ctx: Context) -> None:
         p = self.params
-        argv = (
-            ["bash", "-o", "pipefail", "-c", p.command] if isinstance(p.command, str) else p.command
-        )
+        argv = [*BASH, p.command] if isinstance(p.command, str) else p.command
         ctx.run(
             argv,
             env={**p.env, **p.paths},
@@ -230,7 +234,7 @@ class CommandSucceeds(Precondition[CommandParams]):
     def check(self) -> CheckResult:
         cmd = self.params.command
         proc = subprocess.Popen(
-            ["bash", "-o", "pipefail", "-c", cmd],
+            [*BASH, cmd],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -6,6 +6,7 @@ Nothing here touches the host: a plan is validated completely before anything ru
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import graphlib
 import hashlib
@@ -339,6 +340,18 @@ def _load_plan(
                     ("vars",), f"--var {key}: the plan has no var {key!r}{suggest(key, variables)}"
                 )
             )
+        elif (problem := _override_problem(variables[key], value)) is not None:
+            given, plan_value = (
+                (MASK, MASK) if key in secrets else (_shown(value), _shown(variables[key]))
+            )
+            issues.append(
+                src.issue(
+                    ("vars", key),
+                    f"--var {key}={given}: {problem} (the plan's value is {plan_value})",
+                )
+            )
+        elif isinstance(variables[key], str) and isinstance(value, int | float):
+            variables[key] = _shown(value)  # `--var tag=123`: read as YAML, meant as text
         else:
             variables[key] = value
 
@@ -368,6 +381,12 @@ def _load_plan(
             ]
             if (salvaged := _salvage(raw, exc)) is not None:
                 specs.append((i, salvaged))
+            else:  # no id or bad needs: its vars are still checked (the rest needs a task)
+                issues += [
+                    src.issue(where, label + problem)
+                    for ref in _var_refs(raw)
+                    if (problem := _var_problem(ref, variables, suggest))
+                ]
 
     for i, spec in specs:
         for name, units in spec.resources.items():
@@ -561,6 +580,30 @@ def _declared_vars(
     return values, frozenset(secrets)
 
 
+def _override_problem(declared: Any, value: Any) -> str | None:
+    """Why `value` cannot override a var whose plan value is `declared`, or None. A var's type
+    is its value's in the plan (or its declaration's default): a --var for a number, a boolean,
+    a list or a mapping must be one too (`size_mb=abc` would reach `dd` as text and fail there,
+    or worse, not fail). Text and null vars take any value."""
+    kinds = (
+        (bool, "true or false"),
+        ((int, float), "a whole number" if isinstance(declared, int) else "a number"),
+        (list, "a list"),
+        (dict, "a mapping"),
+    )
+    for kind, words in kinds:
+        if isinstance(declared, kind):
+            fits = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if isinstance(declared, int) and isinstance(value, float):
+                fits = False  # a count (8) is not given as 8.5
+            return None if fits else f"this var is {words}"
+    return None
+
+
+def _shown(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
 _VAR_ONLY = re.compile(r"\$\{vars\.([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
@@ -614,6 +657,20 @@ def _is_pool(name: str) -> bool:
     except registry.UnknownKind:
         return False
     return True
+
+
+def _var_refs(value: Any) -> list[Ref]:
+    """The `${vars.X}` references in a raw task, up to a malformed one (reported elsewhere)."""
+    refs: list[Ref] = []
+    with contextlib.suppress(ValueError):
+        refs += (ref for ref in iter_refs(value) if ref.task is None)
+    return refs
+
+
+def _var_problem(ref: Ref, variables: dict[str, Any], suggest: Suggester) -> str:
+    if ref.name in variables:
+        return ""
+    return f"${{{ref}}}: no var {ref.name!r}{suggest(ref.name, variables)}"
 
 
 def _salvage(raw: Any, exc: ValidationError) -> TaskSpec | None:
@@ -835,9 +892,8 @@ def _ref_problems(
     suggest: Suggester,
 ) -> list[str]:
     if ref.task is None:
-        if ref.name not in variables:
-            return [f"${{{ref}}}: no var {ref.name!r}{suggest(ref.name, variables)}"]
-    elif ref.task not in ids:
+        return [problem] if (problem := _var_problem(ref, variables, suggest)) else []
+    if ref.task not in ids:
         return [f"${{{ref}}}: no task {ref.task!r}{suggest(ref.task, ids)}"]
     elif (above := upstream.of(task_id)) is not None and ref.task not in above:
         return [
