@@ -108,7 +108,7 @@ def render_board(
     paint = Painter(color)
     width = width or terminal_width()
     stale = stale or {}
-    lines = [paint(_headline(plan_name, store_path, run), "1")]
+    lines = [paint(_headline(plan_name, store_path, run, rows), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
     title_w = min(
         max((len(r["title"]) + 2 * (added(r) or bool(role(r))) for r in rows), default=5), 36
@@ -119,8 +119,8 @@ def render_board(
         took = format_duration(duration_of(r))
         if status is Status.IN_PROGRESS and r["started_at"]:  # how long it has been running
             took = format_duration(time.time() - r["started_at"]) + "…"
-        tries = f"{r['attempts']}×" if r["attempts"] > 1 else ""
-        if status is Status.COMPLETED and r["id"] in stale:
+        tries = f"{r['run_attempts']}×" if r["run_attempts"] > 1 else ""  # in its latest run
+        if status.done and r["id"] in stale:  # a skip's `when` reason may no longer hold
             extra = "stale: " + "; ".join(stale[r["id"]])
         elif status in (Status.COMPLETED, Status.IN_PROGRESS):
             extra = summarize(findings.get(r["id"], [])) or (r["reason"] if not r["kind"] else "")
@@ -200,7 +200,9 @@ def added(row: sqlite3.Row) -> bool:
     return bool(row["origin"] and row["origin"] != "plan")
 
 
-def _headline(plan_name: str, store_path: str, run: sqlite3.Row | None) -> str:
+def _headline(
+    plan_name: str, store_path: str, run: sqlite3.Row | None, rows: Sequence[sqlite3.Row]
+) -> str:
     if run is None:
         return f"{plan_name} · never run · {store_path}"
     started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M")
@@ -209,6 +211,16 @@ def _headline(plan_name: str, store_path: str, run: sqlite3.Row | None) -> str:
     else:
         took = format_duration(run["ended_at"] - run["started_at"])
         state = f"{run['outcome']} {started} ({took})"
+        # `orch reset` / `orch forget` since: the run's outcome no longer describes the board.
+        forgotten = sum(
+            1
+            for r in rows
+            if r["status"] == Status.PENDING
+            and r["attempts"]  # it ran once: pending again is forgotten, not new
+            and (r["updated_at"] or 0) > run["ended_at"]
+        )
+        if forgotten:
+            state += f", then {plural(forgotten, 'task')} forgotten"
     return f"{plan_name} · run #{run['id']} {state} · {store_path}"
 
 
@@ -257,6 +269,7 @@ def status_json(
                 "status": r["status"],
                 "reason": r["reason"],
                 "attempts": r["attempts"],
+                "run_attempts": r["run_attempts"],
                 "started_at": iso(r["started_at"]),
                 "ended_at": iso(r["ended_at"]),
                 "duration_s": duration_of(r),

@@ -88,10 +88,20 @@ class OrchGroup(click.Group):
     """Turns orch's own errors into one clear message and their exit code, for every caller
     of `cli` (the console script, CliRunner, an embedding program): never a traceback."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        # Whether the command asked for --json: its errors are JSON on stdout then, too.
+        ctx.meta["orch.json"] = (
+            "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
+        )
+        return super().parse_args(ctx, args)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except PlanError as exc:
+            if ctx.meta.get("orch.json"):
+                click.echo(json.dumps(exc.as_json(), indent=2))
+                ctx.exit(exc.exit_code)
             for issue in exc.issues:
                 click.echo(str(issue), err=True)
             n = len(exc.issues)
@@ -100,6 +110,9 @@ class OrchGroup(click.Group):
             )
             ctx.exit(exc.exit_code)
         except OrchError as exc:
+            if ctx.meta.get("orch.json"):
+                error = {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
+                click.echo(json.dumps(error, indent=2))
             click.echo(f"orch: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:  # a full disk writing a log, say: the storage's fault, no bug
@@ -267,12 +280,14 @@ def rollback(
 @store_option
 @vars_options
 @click.option("--note", "-m", help="Why, or on what condition: kept with the approval.")
+@json_option
 def approve(
     plan_file: Path,
     task_id: str,
     store_opt: str | None,
     var_args: tuple[str, ...],
     note: str | None,
+    as_json: bool,
 ) -> None:
     """Approve the gate ID of PLAN: the next `orch run` passes it. Recorded with who, when,
     the plan's hash and the findings upstream of the gate; a changed plan or changed findings
@@ -283,6 +298,7 @@ def approve(
       orch approve plans/sglang_migration.yaml confirm_stop -m "maintenance window"
     """
     from . import approvals
+    from .status import Status
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
@@ -297,8 +313,14 @@ def approve(
         plan_digest, seen = approvals.hashes(ran, task_id, store)
         by = approvals.who()
         store.approve(task_id, by, note, plan_digest, seen, "orch approve")
+        if (row := store.todo(task_id)) is not None and row["status"] == Status.WAITING:
+            store.note_reason(task_id, f"approved by {by}: the next `orch run` passes it")
     finally:
         store.close()
+    if as_json:
+        doc = {"task": task_id, "by": by, "note": note, "plan_hash": plan_digest}
+        click.echo(json.dumps({**doc, "findings_hash": seen, "next": f"orch run {plan_file}"}))
+        return
     click.echo(
         f"{task_id} approved by {by} (plan {plan_digest}, findings {seen}): "
         f"`orch run {plan_file}` goes on from there"
@@ -456,13 +478,20 @@ def _record_stop(path: Path, why: str) -> None:
     show_default=True,
     help="todowrite: the agent todo-list schema.",
 )
+@vars_options
 def status(
-    plan_file: Path | None, store_opt: str | None, as_json: bool, fmt: str, watch: bool
+    plan_file: Path | None,
+    store_opt: str | None,
+    as_json: bool,
+    fmt: str,
+    watch: bool,
+    var_args: tuple[str, ...],
 ) -> None:
     """Show the todo board: one line per task with its findings.
 
-    With PLAN, completed tasks whose spec has changed since they ran are marked stale (a PLAN
-    that does not load: the store's board all the same, with a warning naming the problem).
+    With PLAN, done tasks whose spec has changed since they ran (with these --var values), or
+    that are behind a task they need, are marked stale (a PLAN that does not load: the store's
+    board all the same, with a warning naming the problem).
     Without it, the store comes from --store, ORCH_STORE, or the one .orch/*.db found here.
     A run whose orchestrator died is closed and its task marked interrupted. --watch follows
     a run from another terminal: the board is redrawn as it changes until no run is going.
@@ -472,11 +501,13 @@ def status(
       orch status plans/demo.yaml
       orch status plans/demo.yaml --format todowrite
     """
+    if var_args and not plan_file:
+        raise UsageError("--var and --vars-file need PLAN: they change what is stale in it")
     if plan_file and not watch:  # the plan unchanged since the last run: the store answers
         from .finished import guess_store, plan_digest
         from .snapshot import cached_stale
 
-        digest, guess = plan_digest(plan_file, ()), guess_store(plan_file, store_opt)
+        digest, guess = plan_digest(plan_file, var_args), guess_store(plan_file, store_opt)
         stale = cached_stale(guess, digest) if digest and guess else None
         if guess is not None and stale is not None:
             _show_status(guess, None, as_json, todowrite=fmt == "todowrite", stale=stale)
@@ -484,7 +515,7 @@ def status(
     plan = None
     if plan_file:
         try:
-            plan = _load(plan_file, ())
+            plan = _load(plan_file, var_args)
         except PlanError as exc:  # mid-edit, mid-incident: the board is needed all the more
             path = _store_despite(plan_file, store_opt, exc)
         else:
@@ -593,29 +624,13 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
       orch validate plans/sglang_migration.yaml
       orch validate plans/demo.yaml --var size_mb=64
     """
-    try:
-        plan = _load(plan_file, var_args)
-    except PlanError as exc:
-        if as_json:
-            click.echo(
-                json.dumps(
-                    {
-                        "ok": False,
-                        "errors": [
-                            {"file": i.file, "line": i.line, "message": i.message}
-                            for i in exc.issues
-                        ],
-                    },
-                    indent=2,
-                )
-            )
-            sys.exit(EXIT_USAGE)
-        raise
+    plan = _load(plan_file, var_args)  # a bad plan: OrchGroup prints it (as JSON with --json)
     if as_json:
         click.echo(
             json.dumps(
                 {
                     "ok": True,
+                    "problems": [],
                     "plan": plan.name,
                     "tasks": [
                         {"id": t.id, "kind": t.spec.kind, "needs": t.spec.needs} for t in plan.tasks
@@ -901,6 +916,10 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     Example:
       orch reset plans/demo.yaml --yes
     """
+    path = _store_path(store_opt, None, plan_file)
+    if not path.exists() and not path.is_symlink():  # a fresh clone: already a fresh start
+        click.echo(f"no store at {path} yet: nothing to reset")
+        return
     _forget(plan_file, store_opt, None, "reset by orch reset", confirm=not yes)
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 EXIT_OK = 0
 EXIT_FAILED = 1  # a task failed or is blocked
@@ -42,6 +43,11 @@ class PlanError(OrchError):
     def __init__(self, issues: list[PlanIssue]) -> None:
         self.issues = sorted(issues, key=lambda i: (i.file, i.line or 0))
         super().__init__("\n".join(str(i) for i in self.issues))
+
+    def as_json(self) -> dict[str, Any]:
+        """The one JSON shape of a bad plan: `--json` of every command, the agent's tools."""
+        problems = [{"file": i.file, "line": i.line, "message": i.message} for i in self.issues]
+        return {"ok": False, "problems": problems}
 
 
 class UsageError(OrchError):

@@ -274,8 +274,7 @@ def build(
         try:
             checked = load_plan(where, {}, text=text)
         except PlanError as exc:
-            problems = [{"line": i.line, "message": i.message} for i in exc.issues]
-            return {"ok": False, "problems": problems}
+            return exc.as_json()
         return {"ok": True, "problems": [], "tasks": [t.id for t in checked.tasks]}
 
     @app.resource("orch://board", mime_type="application/json")
@@ -401,11 +400,16 @@ async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dic
 
 
 class _Progress:
-    """A run's events as progress: (line, tasks in all, tasks done after that event). One read
-    connection for the whole run, opened once the store exists (the run may create it)."""
+    """A run's events as progress: (line, tasks the run has to settle, tasks it settled). One
+    read connection for the whole run, opened once the store exists (the run may create it).
+
+    Progress only grows (MCP asks it to): it counts the tasks this run brought to an end
+    (done, failed, blocked...); the total is what was not done as the run began, plus each
+    done task it starts again (a `--rerun`), so the total may grow, never the count shrink."""
 
     def __init__(self, store_path: Path) -> None:
-        self.store_path, self.cursor, self.done = store_path, Cursor(), set[str]()
+        self.store_path, self.cursor = store_path, Cursor()
+        self.todo, self.settled = set[str](), set[str]()
         self.store: Store | None = None
         self._look(first=True)  # what came before the run is not its progress
 
@@ -425,13 +429,15 @@ class _Progress:
             self.store = Store.open(self.store_path, create=False)
         events = read(self.store, self.cursor)
         rows = self.store.todos()
+        self.todo |= {r["id"] for r in rows if r["kind"] and not Status(r["status"]).done}
         if first:
-            self.done = {r["id"] for r in rows if r["kind"] and Status(r["status"]).done}
             return []
-        total = sum(1 for r in rows if r["kind"] is not None)
         lines = []
         for e in events:
             if e["type"] == "transition" and e["to"]:
-                (self.done.add if Status(e["to"]).done else self.done.discard)(e["task"])
-            lines.append((format_event(e), total, len(self.done)))
+                if e["to"] == Status.IN_PROGRESS:
+                    self.todo.add(e["task"])  # a retry of a settled task stays counted
+                elif e["to"] != Status.PENDING:
+                    self.settled.add(e["task"])
+            lines.append((format_event(e), len(self.todo), len(self.settled & self.todo)))
         return lines

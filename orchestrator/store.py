@@ -1275,9 +1275,13 @@ class Store:
     # --- reads ---------------------------------------------------------------------------------
 
     def todos(self) -> list[sqlite3.Row]:
-        """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown)."""
+        """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown),
+        with `run_attempts`: the attempts of its latest run (the board's N×; `attempts` counts
+        every run's, and numbers the findings)."""
         return self.conn.execute(
-            "SELECT * FROM todos WHERE in_plan=1 ORDER BY position, rowid"
+            "SELECT *, (SELECT count(*) FROM transitions t WHERE t.task_id = todos.id"
+            " AND t.run_id = todos.run_id AND t.to_status = 'in_progress') AS run_attempts"
+            " FROM todos WHERE in_plan=1 ORDER BY position, rowid"
         ).fetchall()
 
     def todo(self, task_id: str) -> sqlite3.Row | None:

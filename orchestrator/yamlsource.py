@@ -7,6 +7,7 @@ megabyte scalar) to a plan error in milliseconds, before anything big is built.
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,12 +66,36 @@ def load_yaml(path: Path) -> Located:
             raw = f.read(MAX_PLAN_BYTES + 1)
         text = raw.decode("utf-8")
     except OSError as exc:
-        raise PlanError([PlanIssue(file, None, f"cannot read the plan: {exc.strerror}")]) from None
+        hint = _similar_file(path) if isinstance(exc, FileNotFoundError) else ""
+        raise PlanError(
+            [PlanIssue(file, None, f"cannot read the plan: {exc.strerror}{hint}")]
+        ) from None
     except UnicodeDecodeError:
         raise PlanError([PlanIssue(file, None, "the plan is not UTF-8 text")]) from None
     if len(raw) > MAX_PLAN_BYTES:
         raise _too_large(file)
     return parse_yaml(text, file)
+
+
+def _similar_file(path: Path) -> str:
+    """'; did you mean plans/demo.yaml?' for a plan file misnamed (demo.yml, dmo.yaml)."""
+    folder = path.parent
+    try:
+        names = [p.name for p in folder.iterdir() if p.suffix in (".yaml", ".yml")]
+    except OSError:
+        return ""
+    stem = {p.rpartition(".")[0]: p for p in names}
+    close = [stem[n] for n in difflib.get_close_matches(path.stem, stem, n=1, cutoff=0.75)]
+    return f"; did you mean {folder / close[0]}?" if close else ""
+
+
+def _at(text: str, mark: Any) -> str:
+    """The character a YAML error mark points at ('' past the end)."""
+    lines = text.splitlines()
+    if mark.line >= len(lines):
+        return ""
+    row = lines[mark.line]
+    return row[mark.column] if mark.column < len(row) else ""
 
 
 def parse_yaml(text: str, file: str) -> Located:
@@ -89,6 +114,8 @@ def parse_yaml(text: str, file: str) -> Located:
         mark = exc.problem_mark or exc.context_mark
         line = mark.line + 1 if mark else None
         problem = exc.problem or exc.context or "invalid YAML"
+        if mark is not None and _at(text, mark) == "\t":  # the one character YAML never allows
+            problem += " (a tab: YAML indents with spaces only)"
         raise PlanError([PlanIssue(file, line, SYNTAX_ERROR + problem)]) from None
     except yaml.YAMLError as exc:
         raise PlanError([PlanIssue(file, None, f"{YAML_ERROR}{exc}")]) from None
