@@ -17,6 +17,10 @@ when a task that needs it has still to run, and the releasers after those users
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .registry import resolve
@@ -32,8 +36,17 @@ def release_all(store: Store, log: Any, why: str) -> None:
         if row["kind"] == LEASE_KIND:  # a pool member a task held: nothing runs to be ended
             store.release(row["name"], None, why)
             continue
+        kind, data = resolve(row["kind"]), json.loads(row["data"])
+        log.warning(  # before the wait, which can be long: what it waits for, and how long
+            "resource.ending",
+            resource=row["name"],
+            task=row["task_id"],
+            why=why,
+            how=kind.releasing(data),
+        )
         try:
-            done = resolve(row["kind"]).release(json.loads(row["data"]))
+            with _heartbeat(log, row["name"]):
+                done = kind.release(data)
         except Exception as exc:  # a kind's bug must not keep the rest running
             log.error(
                 "resource.release_failed",
@@ -46,3 +59,26 @@ def release_all(store: Store, log: Any, why: str) -> None:
         log.warning(
             "resource.released", resource=row["name"], task=row["task_id"], why=why, done=done
         )
+
+
+HEARTBEAT_S = 5.0  # a silent wait longer than this looks like a hang at 2 a.m.
+
+
+@contextmanager
+def _heartbeat(log: Any, name: str) -> Iterator[None]:
+    """Log that the ending of `name` goes on, every HEARTBEAT_S seconds, until it returns."""
+    done, started = threading.Event(), time.monotonic()
+
+    def beat() -> None:
+        while not done.wait(HEARTBEAT_S):
+            log.info(
+                "resource.still_ending", resource=name, waited=f"{time.monotonic() - started:.0f}s"
+            )
+
+    thread = threading.Thread(target=beat, name=f"orch-heartbeat-{name}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()

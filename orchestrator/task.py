@@ -220,6 +220,11 @@ class Task(Generic[P]):
         the engine at the end of the run or after a crash. Returns what it did, for the log."""
         raise NotImplementedError(f"{cls.__name__} holds resources but cannot release them")
 
+    @classmethod
+    def releasing(cls, data: dict[str, Any]) -> str:
+        """What `release(data)` will do and how long it may wait, logged before it starts."""
+        return ""
+
 
 @dataclass(frozen=True)
 class CheckResult:

@@ -576,7 +576,7 @@ class ServerLaunch(Task[LaunchParams]):
             if isinstance(exc, TaskError):
                 raise  # as it is: a TaskStalled is restarted when on_stall says so
             raise TaskError(str(exc)) from None
-        ctx.hold(name, {**held, **resolved})  # bench.serve reads these
+        ctx.hold(name, {**held, **resolved, "ready": True})  # bench.serve reads these
         ctx.finding("url", p.url)
         ctx.finding("ready_after", round(took, 1), "s")
         ctx.finding("supervisor", handle.get("unit") or f"pid {handle['pid']}")
@@ -591,7 +591,29 @@ class ServerLaunch(Task[LaunchParams]):
 
     @classmethod
     def release(cls, data: dict[str, Any]) -> str:
-        return _stop_all(data, float(data.get("grace", 60.0)))
+        return _stop_all(data, _release_grace(data))
+
+    @classmethod
+    def releasing(cls, data: dict[str, Any]) -> str:
+        grace, pid = _release_grace(data), data.get("pid")
+        what = f"unit {data['unit']}" if data.get("unit") else f"pid {pid} and its processes"
+        why = (
+            "its stop_timeout: time to drain requests in flight"
+            if data.get("ready")
+            else f"it never became ready: no request to drain (stop_timeout {data.get('grace')}s)"
+        )
+        return f"SIGTERM to {what}, SIGKILL after {grace:.0f}s if any is left ({why})"
+
+
+UNREADY_GRACE = 10.0
+
+
+def _release_grace(data: dict[str, Any]) -> float:
+    """Seconds between SIGTERM and SIGKILL when the engine ends a server. The stop_timeout is
+    for draining requests; a server that never answered ready (its launch was cut short: vLLM
+    may ignore SIGTERM while it loads) has none, so it waits at most UNREADY_GRACE."""
+    grace = float(data.get("grace", 60.0))
+    return grace if data.get("ready") else min(grace, UNREADY_GRACE)
 
 
 def _stop_all(handle: dict[str, Any], grace: float) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -151,7 +152,10 @@ def main() -> None:
     ap.add_argument("--short", type=int, default=0)
     ap.add_argument("--drift", action="store_true")
     ap.add_argument("--fail-streams", default="")
+    ap.add_argument("--ignore-term-loading", action="store_true")  # as vLLM may while loading
     args = ap.parse_args(namespace=ARGS)
+    if args.ignore_term_loading:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if args.child and os.fork() == 0:  # stays in our process group, like EngineCore
         os.execvp("sleep", ["sleep", "600"])
     print(f"stub: loading for {args.load}s", flush=True)
@@ -160,6 +164,7 @@ def main() -> None:
         print("stub: out of memory while loading weights", flush=True)
         sys.exit(3)
     time.sleep(args.load)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), Handler)
     print(f"stub: serving on {args.port}", flush=True)
     server.serve_forever()
