@@ -673,7 +673,8 @@ class Runner:
         number = self.store.transition(
             task.id,
             Status.IN_PROGRESS,
-            f"attempt {attempt}/{task.spec.retries.attempts}",
+            # this run's tries of its `retries`; the JSON's `attempt` counts every run's
+            f"try {attempt} of {task.spec.retries.attempts} in this run",
             self.run_id,
             spec_hash=task.spec_hash,
             spec=task.spec_json,

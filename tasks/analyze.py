@@ -1053,6 +1053,26 @@ def compare(
     return v
 
 
+def _why_pays(v: Verdict) -> str:
+    """The reason for NAME.pays, not its definition: 'loses at 4, 8' or 'wins at 1, 2, and
+    loses at none'."""
+
+    def at(outcome: Outcome) -> str:
+        return ", ".join(v.name_of(m.cand) for m in v.at(outcome))
+
+    if v.problems:
+        return f"no: {len(v.problems)} measurement problem(s), so the figures are not evidence"
+    if not v.matches:
+        return "no: nothing comparable with the baseline"
+    if losses := at("loss"):
+        return f"no: loses at concurrency {losses}" + (f", wins at {w}" if (w := at("win")) else "")
+    if unsure := at("inconclusive"):
+        return f"no: inconclusive at concurrency {unsure}, which may hide a loss"
+    if not (wins := at("win")):
+        return "no: even at every concurrency measured, within the noise"
+    return f"yes: wins at concurrency {wins}, loses at none, no measurement problem"
+
+
 def _break_even(v: Verdict, bpts: list[Point]) -> BreakEven | None:
     acc = v.acceptance
     base_c1 = next((b for b in bpts if b.level.concurrency == 1), None)
@@ -1395,11 +1415,7 @@ def record(ctx: Context, v: Verdict) -> None:
         ]
     )
     ctx.finding(f"{n}.verdict", v.verdict, note="; ".join(summary + v.notes) or None)
-    ctx.finding(
-        f"{n}.pays",
-        v.pays,
-        note="wins at some concurrency, loses at none, and no measurement problem",
-    )
+    ctx.finding(f"{n}.pays", v.pays, note=_why_pays(v))
     if v.matches:
         keys: tuple[tuple[Outcome, str], ...] = (
             ("win", "wins_at"),

@@ -44,8 +44,8 @@ class InstallParams(BaseModel):
 
     requirement: str = Field(description="a PEP 508 requirement, e.g. 'sglang[all]==0.5.23'")
     venv: str = Field(
-        description="the virtual environment to install into (a directory; "
-        "relative paths are relative to orch's working directory)"
+        description="the virtual environment to install into (a directory; a relative "
+        "path starts at the plan's folder, where tasks run)"
     )
     create: bool = Field(True, description="create the venv with `python -m venv` if missing")
     python: str | None = Field(

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 from collections.abc import AsyncIterator, Callable, Coroutine
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -82,6 +84,12 @@ def test_an_agent_reads_runs_extends_and_records_and_a_person_sees_it(pdir: Plan
             finished = [p for p in progress if p[2] and "-> completed" in p[2]]
             assert [p[0] for p in finished] == [1, 2, 3, 4, 5] and finished[-1][1] == 5
             assert any(p[2] and "read_mb_s=" in p[2] for p in progress)  # findings as they come
+
+            # Done tasks run again: progress still only grows, and ends at what the run redid.
+            progress.clear()
+            await call(s, "run", {"rerun": ["write_data"]}, progress_callback=on_progress)
+            counts = [p[0] for p in progress]
+            assert counts == sorted(counts) and progress[-1][:2] == (4, 4), progress
 
             # The investigation it decided on, with a kind: validated, then run alone.
             added = await call(s, "add_task", {
@@ -291,3 +299,21 @@ def test_two_agents_and_a_run_at_once_lose_nothing(pdir: PlanDir) -> None:
     assert (notes, found, status) == (40, 300, "completed")
     errors = (pdir.root / "a.err").read_text() + (pdir.root / "b.err").read_text()
     assert "locked" not in errors, errors
+
+
+def test_the_client_snippet_in_docs_agent_md_runs_as_written(tmp_path: Path) -> None:
+    """docs/agent.md's client, run from a folder laid out as the repository is."""
+    doc = (ROOT / "docs" / "agent.md").read_text()
+    snippet = doc.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "plans").mkdir()
+    shutil.copy(ROOT / "plans" / "demo.yaml", tmp_path / "plans" / "demo.yaml")
+    (tmp_path / ".venv" / "bin").mkdir(parents=True)
+    (tmp_path / ".venv" / "bin" / "orch").symlink_to(ORCH)
+    (tmp_path / "client.py").write_text(snippet)
+    r = subprocess.run(
+        [sys.executable, "client.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    outcome, statuses = r.stdout.splitlines()
+    assert outcome == "completed"
+    assert statuses.startswith("{'prepare': 'completed', 'write_data': 'pending'")

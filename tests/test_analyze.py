@@ -23,6 +23,7 @@ from tasks.analyze import (
     CompareParams,
     Result,
     Verdict,
+    _why_pays,
     alpha_from_tau,
     compare,
     load_result,
@@ -320,10 +321,12 @@ def test_noisy_speed_up_within_the_spread_is_even() -> None:
     noisy = compare("c", _result({"levels": [_lv(1, 106, 99, 113)]}), base)
     assert noisy.verdict == "no speed-up: even at concurrency 1: 1.06x (0.92-1.23)"
     assert not noisy.pays and [noisy.outcome(m) for m in noisy.matches] == ["even"]
+    assert _why_pays(noisy) == "no: even at every concurrency measured, within the noise"
     tight_base = _result({"levels": [_lv(1, 100, 99.5, 100.5)]})
     tight = compare("c", _result({"levels": [_lv(1, 106, 105, 107)]}), tight_base)
     assert tight.verdict == "speculation pays at concurrency 1: 1.06x (1.04-1.08)"
     assert tight.pays
+    assert _why_pays(tight) == "yes: wins at concurrency 1, loses at none, no measurement problem"
 
 
 def test_non_monotone_sweep_is_described_level_by_level(tmp_path: Path) -> None:
@@ -351,6 +354,7 @@ def test_non_monotone_sweep_is_described_level_by_level(tmp_path: Path) -> None:
     assert f["eagle.speedup_c8"].note is not None and "0.66-0.77" in f["eagle.speedup_c8"].note
     assert f["eagle.speedup_peak"].value == 0.71  # the baseline's peak is its concurrency 8
     assert "eagle.loses_above" not in f and f["eagle.pays"].value is False
+    assert f["eagle.pays"].note == "no: loses at concurrency 8, wins at 1"  # why, for this run
 
 
 def test_uniform_sweeps_are_said_in_one_phrase() -> None:
