@@ -1480,9 +1480,9 @@ def test_cli_validate_json_lists_every_error(tmp_path: Path) -> None:
     result = CliRunner().invoke(cli, ["validate", "--json", str(path)])
     assert result.exit_code == 2, result.output
     out = json.loads(result.output)
-    assert out["ok"] is False and len(out["errors"]) == 10
-    assert {e["file"] for e in out["errors"]} == {str(path)}
-    by_line = {e["line"]: e["message"] for e in out["errors"]}
+    assert out["ok"] is False and len(out["problems"]) == 10
+    assert {e["file"] for e in out["problems"]} == {str(path)}
+    by_line = {e["line"]: e["message"] for e in out["problems"]}
     assert "unknown task kind 'shel'" in by_line[line_of(path, "# <-kind")]
     assert "Traceback" not in result.output
 
