@@ -274,6 +274,7 @@ class ApproveTask(Task[ApproveParams]):
     void an approval. The engine decides (approvals.py); this class records the verdict."""
 
     Params = ApproveParams
+    state_only = True  # passed: redone, it changes no later task's result
 
     def run(self, ctx: Context) -> None:
         approval = ctx.approval

@@ -72,7 +72,7 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
     done = store.done_marks() if store else {}
     selection = selection.carrying(Owed.from_json(store.meta(OWED_KEY)) if store else None, done)
     selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
-    freshness = Freshness(plan, done)
+    freshness = Freshness(plan, done, store.findings_as_of if store else lambda _t, _s: [])
     steps: list[dict[str, Any]] = []
     will_run: set[str] = set()  # their findings are the run's to know
     lookup = _lookup(plan, store, will_run)
@@ -112,6 +112,8 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
             action = "stale" if d.stale else "skip"
             if d.stale:
                 reason += f"; kept (re-run it with --rerun {task.id})"
+            if unless := freshness.unless.get(task.id):
+                reason += f"; stale if {', '.join(unless)} finds otherwise when it runs again"
         elif d.action is Action.BLOCK:
             statuses[task.id] = Status.BLOCKED
         elif d.action is Action.RUN:
@@ -120,7 +122,7 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
             statuses[task.id] = _ASSUMED[action]
             if action == "run":
                 will_run.add(task.id)
-                freshness.redone.add(task.id)
+                freshness.to_redo.add(task.id)
                 starts = starts or ("surely" if sure else "maybe")
         elif d.action is Action.OUT_OF_SCOPE:
             action = "leave"

@@ -182,7 +182,7 @@ class Runner:
         if not options.rollback:  # a rollback redoes nothing: what is owed stays owed
             now_owed = self.selection.owing(run_id, store.last_transition(), asked(options))
             store.set_meta(OWED_KEY, now_owed.to_json() if now_owed else None)
-        self.freshness = Freshness(plan, done)
+        self.freshness = Freshness(plan, done, store.findings_as_of)
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
         self.started = 0  # tasks this run started (0: nothing to do, all was done)

@@ -62,6 +62,7 @@ def run_process(
     env: Mapping[str, str] | None = None,
     cwd: str | Path | None = None,
     deadline: float | None = None,
+    timeout: float | None = None,
     grace: float = 10.0,
     on_start: Callable[[int, float], None] | None = None,
     on_wait: Callable[[str], None] | None = None,
@@ -73,6 +74,7 @@ def run_process(
     """Run argv to completion; when it ends, on deadline or any exception (Ctrl-C) end every
     process it started: its group, and its jail (containment.py) when `env` carries `jail_by`.
 
+    `timeout` (the task's, of which `deadline` is the end) names it in the timeout's message.
     The log keeps at most about `log_limit` bytes of this process's output (see LogCap). With
     `stall`, a process tree that makes no progress for `stall.after` seconds is reported to
     `on_stall` (stalls.py), then waited on, or ended with TaskStalled, as `stall.action` says."""
@@ -147,9 +149,10 @@ def run_process(
             now = time.monotonic()
             if deadline is not None and now >= deadline:
                 end()
-                raise TaskTimeout(
-                    f"timed out after {format_seconds(now - started)}; its processes ended"
-                )
+                # The task's timeout, not the process's own time: the deadline was set as the
+                # task began, before the spawn (under load `after 199ms` of a 200ms timeout).
+                took = timeout if timeout is not None else now - started
+                raise TaskTimeout(f"timed out after {format_seconds(took)}; its processes ended")
             if on_wait is not None and now >= next_note:
                 on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
                 next_note = now + PROGRESS_EVERY

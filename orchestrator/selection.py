@@ -22,8 +22,10 @@ Decisions (the same for `orch run` and `orch plan`, which both go through `Selec
 - Freshness (Make's rule, over `needs`): a done task is stale when a task it needs became done
   again after it did (the store's transition order, not the clock), ran again in this run, or
   is stale itself. It is kept and reported, like a task whose spec changed (`--rerun` redoes
-  it): a 30-minute benchmark is not redone unasked. A releaser's completion carries no data
-  (its dependents need it for order), so it makes nothing stale.
+  it): a 30-minute benchmark is not redone unasked. A kind whose completion is a state of the
+  host (`Task.state_only`: a stop, a gate) carries no data: its dependents need it for order,
+  so done again (a compensation undid it, a revival) it makes none stale that does not read
+  its findings.
 - What a run was asked to redo (`--rerun`, `--from`, `--only`, revival) is owed until done: the
   run records it as it starts (`Owed`), and a later run that finds part of it not done since
   (the run crashed, failed, or stopped at a gate) redoes that part too, so an interrupted
@@ -34,9 +36,10 @@ The engine knows holders, resources and releasers only, nothing of what a resour
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sqlite3
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -46,6 +49,7 @@ from .guards import does as guard_does
 from .plan import Plan, PlannedTask, what_changed
 from .status import Status
 from .store import DoneMark
+from .templating import iter_refs
 
 OWED_KEY = "owed"  # the store's meta key of the latest run's Owed (JSON)
 
@@ -248,15 +252,24 @@ class Owed:
             return None
 
 
+# A task's findings as of a transition seq (None: now): store.findings_as_of.
+FindingsAsOf = Callable[[str, "int | None"], Sequence[Any]]
+
+
 class Freshness:
     """Which done tasks hold results built on inputs replaced since (module docstring): fed
     the store's done marks, then, as a run (or `orch plan`) goes, what it redoes and what it
-    finds stale, in plan order."""
+    finds stale, in plan order. A need done again with the findings it had (a step redone
+    after its compensation undid it, say) replaced nothing: `findings_as_of` tells."""
 
-    def __init__(self, plan: Plan, done: Mapping[str, DoneMark]) -> None:
-        self.plan, self.done = plan, done
-        self.redone: set[str] = set()  # became done in this run (or will, for `orch plan`)
+    def __init__(
+        self, plan: Plan, done: Mapping[str, DoneMark], findings_as_of: FindingsAsOf
+    ) -> None:
+        self.plan, self.done, self.findings_as_of = plan, done, findings_as_of
+        self.redone: set[str] = set()  # became done in this run, its findings recorded
+        self.to_redo: set[str] = set()  # `orch plan`: will run, its findings not known yet
         self.lagging: dict[str, tuple[str, ...]] = {}  # done tasks found behind, and why
+        self.unless: dict[str, list[str]] = {}  # `orch plan`: stale if these find otherwise
 
     def behind(self, task: PlannedTask) -> tuple[str, ...]:
         """Why a done `task` is behind the tasks it needs, if it is (remembered: what needs
@@ -264,14 +277,24 @@ class Freshness:
         mine = self.done.get(task.id)
         why = []
         for need in task.spec.needs:
-            if need not in self.plan.by_id or self.plan.by_id[need].cls.releases is not None:
+            if need not in self.plan.by_id:
                 continue
+            if self.plan.by_id[need].cls.state_only and need not in _reads(task):
+                continue  # needed for order: the host's state it left is the same again
             theirs = self.done.get(need)
-            if need in self.redone:
-                why.append(f"{need} is redone in this run")
-            elif need in self.lagging:
+            if need in self.lagging:
                 why.append(f"{need} is stale")
-            elif mine is not None and theirs is not None and theirs.seq > mine.seq:
+            elif need in self.to_redo:
+                self.unless.setdefault(task.id, []).append(need)
+            elif mine is None or not (
+                need in self.redone or (theirs is not None and theirs.seq > mine.seq)
+            ):
+                continue
+            elif self.findings_as_of(need, None) == self.findings_as_of(need, mine.seq):
+                continue  # done again, finding what it found before: nothing changed for it
+            elif need in self.redone:
+                why.append(f"{need} is redone in this run, with other findings")
+            elif theirs is not None:
                 why.append(
                     f"{need} {theirs.status} again in run #{theirs.run_id}, "
                     f"after this ran in run #{mine.run_id}"
@@ -373,6 +396,14 @@ def decide(
     if carried := selection.why_carried(task.id):
         return Decision(Action.RUN, carried, stale)
     return Decision(Action.RUN, f"was {status}" if status is not Status.PENDING else "", stale)
+
+
+def _reads(task: PlannedTask) -> set[str]:
+    """The tasks whose findings `task` reads (params, `when`, preconditions)."""
+    values = [task.spec.params, task.spec.when, *(c.params for c in task.checks)]
+    with contextlib.suppress(ValueError):
+        return {ref.task for ref in iter_refs(values) if ref.task is not None}
+    return set()
 
 
 def asked(options: Any) -> str:

@@ -64,7 +64,9 @@ def take(
             from .plan import with_added
             from .todos import added_tasks
 
-            stale = stale_of(with_added(plan, added_tasks(store)), rows, store.done_marks())
+            stale = stale_of(
+                with_added(plan, added_tasks(store)), rows, store.done_marks(), store.findings_as_of
+            )
     finally:
         store.close()
     return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
@@ -77,7 +79,7 @@ def remember_stale(store: Store, plan: Plan, digest: str | None) -> None:
 
     if digest is None:
         return
-    stale = stale_of(plan, store.todos(), store.done_marks())
+    stale = stale_of(plan, store.todos(), store.done_marks(), store.findings_as_of)
     value = {"digest": digest, "seq": store.last_transition(), "stale": stale}
     store.set_meta(STALE_KEY, json.dumps(value))
 
@@ -117,7 +119,10 @@ def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
 
 
 def stale_of(
-    plan: Plan, rows: Sequence[sqlite3.Row], done: Mapping[str, DoneMark]
+    plan: Plan,
+    rows: Sequence[sqlite3.Row],
+    done: Mapping[str, DoneMark],
+    findings_as_of: Callable[[str, int | None], Sequence[Any]],
 ) -> dict[str, Any]:
     """The done tasks whose spec changed since they ran, or that are behind what they need
     (`done`: store.done_marks()): id -> what changed."""
@@ -127,7 +132,7 @@ def stale_of(
     statuses = {r["id"]: Status(r["status"]) for r in rows}
     by_id = {r["id"]: r for r in rows}
     selection = Selection.of(plan)
-    freshness = Freshness(plan, done)
+    freshness = Freshness(plan, done, findings_as_of)
     stale = {}
     for task in plan.tasks:
         d = decide(task, by_id.get(task.id), selection, statuses, freshness)

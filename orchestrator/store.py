@@ -1344,6 +1344,25 @@ class Store:
             )
         }
 
+    def findings_as_of(self, task_id: str, seq: int | None) -> list[tuple[str, Any, str | None]]:
+        """(key, value, unit) the task's own attempt recorded, of its latest done attempt as
+        of transition `seq` (None: now): what a task done at `seq` was built on."""
+        attempt = self.conn.execute(
+            "SELECT attempt FROM transitions WHERE task_id=? AND seq <= ?"
+            " AND to_status IN ('completed', 'skipped') ORDER BY seq DESC LIMIT 1",
+            (task_id, seq if seq is not None else 2**62),
+        ).fetchone()
+        if attempt is None:
+            return []
+        return [
+            (r[0], r[1], r[2])
+            for r in self.conn.execute(
+                "SELECT key, value, unit FROM findings WHERE task_id=? AND attempt=?"
+                " AND author IS NULL ORDER BY seq",
+                (task_id, attempt[0]),
+            )
+        ]
+
     def runs_after(self, run_id: int, open_ids: set[int]) -> list[sqlite3.Row]:
         """Runs begun after `run_id`, and those of `open_ids` (to see them end), by id."""
         marks = ", ".join("?" * len(open_ids))

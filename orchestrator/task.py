@@ -157,6 +157,7 @@ class Context:
             env={**(env or {}), **self.env},
             cwd=cwd,
             deadline=self.deadline,
+            timeout=self.timeout,
             grace=grace,
             on_start=self.sink.process_started,
             on_wait=self.sink.progress,
@@ -199,6 +200,11 @@ class Task(Generic[P]):
     # The param naming a resource this kind lets go (ctx.release), e.g. "server" for
     # server.stop: a revived holder's releasers run again after its users (selection.py).
     releases: ClassVar[str | None] = None
+    # Its completion is a state of the host (a service or server stopped, a process ended,
+    # GPUs free, a gate passed) that later tasks need for order, not a result they read:
+    # done again (a compensation undid it, a revival), it makes none of them stale unless
+    # they read its findings (selection.Freshness).
+    state_only: ClassVar[bool] = False
 
     def __init__(self, params: P) -> None:
         self.params = params

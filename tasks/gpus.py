@@ -248,6 +248,7 @@ class GpuWaitFree(Task[WaitFreeParams]):
     """
 
     Params = WaitFreeParams
+    state_only = True  # the GPUs are free: redone, it changes no later task's result
 
     def run(self, ctx: Context) -> None:
         p = self.params

@@ -36,6 +36,7 @@ class ProcessStop(Task[StopParams]):
     """Stop the process listening on a port (or a pid), with its group and descendants."""
 
     Params = StopParams
+    state_only = True  # the port is free: redone, it changes no later task's result
 
     def run(self, ctx: Context) -> None:
         p = self.params

@@ -636,6 +636,7 @@ class ServerStop(Task[StopParams]):
 
     Params = StopParams
     releases = "server"  # the engine re-runs it after a revived launch's users (selection.py)
+    state_only = True  # the server is gone: redone, it changes no later task's result
 
     def run(self, ctx: Context) -> None:
         handle = ctx.held(self.params.server)

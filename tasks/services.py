@@ -68,6 +68,7 @@ class _UnitJob(Task[UnitParams]):
 
     Params = UnitParams
     verb: ClassVar[str]
+    state_only = True  # a unit's state: redone, it changes no later task's result
 
     def run(self, ctx: Context) -> None:
         before = _known(self.params.unit)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import re
 import threading
 import time
 from pathlib import Path
@@ -49,7 +48,7 @@ def test_a_timeout_under_a_second_is_told_in_milliseconds(pdir: PlanDir) -> None
     r = run_orch("run", plan)
     assert r.returncode == 1, r.stderr
     error = pdir.todo("slow")["last_error"]
-    assert re.fullmatch(r"timed out after [2-9]\d\dms; its processes ended", error), error
+    assert error == "timed out after 200ms; its processes ended"  # its timeout, not less
 
 
 FORK_PLAN = """
