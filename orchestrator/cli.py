@@ -981,7 +981,12 @@ def _confirm(question: str, flag: str, what: str) -> bool:
 @cli.command()
 @click.argument("plan_file", metavar="[PLAN]", required=False, type=click.Path(path_type=Path))
 @store_option
-@click.option("--run", "run_id", type=int, help="The timeline of that run (default: the latest).")
+@click.option(
+    "--run",
+    "run_id",
+    type=int,
+    help="That run: its timeline, and each task as it left it (default: the latest).",
+)
 @click.option(
     "--output",
     "-o",

@@ -297,18 +297,14 @@ def build(
     def report_resource(task_id: str) -> str:
         """A task's report: its findings and what its kind says of them (the sections of
         `orch report`, as text; the figures are in `orch report`'s page)."""
+        from .board import summarize
         from .findings import Finding
         from .report import kind_sections
 
         entry = entry_of(task_id, ResourceNotFoundError)
         lines = [f"# {entry['title']} ({task_id}, {entry['kind'] or 'todo'}): {entry['status']}"]
         found = [Finding(**f) for f in entry["findings"]]
-        lines += [
-            f"- {f.key} = {f.value}{' ' + f.unit if f.unit else ''}"
-            + (f" ({f.note})" if f.note else "")
-            + (f" [{f.author}]" if f.author else "")
-            for f in found
-        ]
+        lines += [f"- {summarize([f])}" for f in found]  # as the board writes them
         for section in (
             kind_sections(entry["kind"], {f.key: f for f in found}) if entry["kind"] else ()
         ):

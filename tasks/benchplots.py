@@ -54,6 +54,26 @@ def _interval(level: dict[str, Any], key: str) -> list[float] | None:
     return [float(got[0]), float(got[1])] if isinstance(got, list) and len(got) == 2 else None
 
 
+def _label(text: str) -> str:
+    """A series' name as matplotlib draws it, literally: a `$` would start mathtext, and a
+    label from a result document that is not valid TeX would fail the whole report."""
+    return text.replace("$", r"\$")
+
+
+def _legend(
+    ax: Any, fontsize: float, handles: Sequence[Any] = (), labels: Sequence[str] = ()
+) -> None:
+    """The legend right of the axes, outside them: inside, it covered points and error bars
+    wherever it went (`loc="best"` only picks the least bad corner)."""
+    ax.legend(
+        *((list(handles), list(labels)) if handles else ()),
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        borderaxespad=0.0,
+        fontsize=fontsize,
+    )
+
+
 def _axes(title: str, ylabel: str) -> tuple[Any, Any]:
     fig, ax = pyplot().subplots(figsize=(7.5, 4.2))
     ax.set_title(title, fontsize=11)
@@ -73,7 +93,7 @@ def _throughput(name: str, series: Sequence[Series]) -> Figure:
             ys,
             capsize=3,
             marker="o",
-            label=label,
+            label=_label(label),
             yerr=_errors(ys, [_interval(lv, "output_tok_s") for lv in levels]),
         )
         for lv, y in zip(levels, ys, strict=True):
@@ -84,7 +104,7 @@ def _throughput(name: str, series: Sequence[Series]) -> Figure:
                 textcoords="offset points",
                 xytext=(4, -10),
             )
-    ax.legend(fontsize=8)
+    _legend(ax, 8)
     return Figure(
         f"{name}-throughput",
         "Output throughput against concurrency",
@@ -113,13 +133,13 @@ def _speed(name: str, series: Sequence[Series]) -> Figure | None:
             yerr=_errors(ys, bounds),
             capsize=3,
             marker="o",
-            label=label,
+            label=_label(label),
         )
         drawn = True
     if not drawn:
         pyplot().close(fig)
         return None
-    ax.legend(fontsize=8)
+    _legend(ax, 8)
     return Figure(
         f"{name}-speed",
         "Per-request speed against concurrency",
@@ -152,13 +172,18 @@ def _latency(name: str, series: Sequence[Series]) -> Figure | None:
                         linestyle=style,
                         marker=".",
                         color=colours[i % len(colours)],
-                        label=f"{label} {pct}",
+                        label=_label(f"{label} {pct}"),
                     )
                     drawn = True
-        ax.legend(fontsize=7)
     if not drawn:
         plt.close(fig)
         return None
+    # One legend for both charts (the same series), right of the right one: outside both.
+    legend: dict[str, Any] = {}
+    for ax in axes:
+        for handle, text in zip(*ax.get_legend_handles_labels(), strict=True):
+            legend.setdefault(text, handle)
+    _legend(axes[1], 7, list(legend.values()), list(legend))
     fig.tight_layout()
     return Figure(
         f"{name}-latency",
@@ -188,7 +213,7 @@ def _acceptance(name: str, series: Sequence[Series]) -> Figure | None:
             [_x(lv) for lv in levels],
             [lv["spec"]["accept_length"] for lv in levels],
             marker="o",
-            label=f"{label} (k={k})" if k else label,
+            label=_label(f"{label} (k={k})" if k else label),
         )[0]
         if k:
             ax.axhline(k + 1, color=line.get_color(), linestyle="--", linewidth=0.8)
@@ -206,7 +231,7 @@ def _acceptance(name: str, series: Sequence[Series]) -> Figure | None:
         pyplot().close(fig)
         return None
     ax.set_ylim(bottom=1.0)
-    ax.legend(fontsize=8)
+    _legend(ax, 8)
     return Figure(
         f"{name}-acceptance",
         "Acceptance against concurrency",
