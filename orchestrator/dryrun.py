@@ -70,7 +70,8 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
     done = store.done_marks() if store else {}
-    selection = selection.carrying(Owed.from_json(store.meta(OWED_KEY)) if store else None, done)
+    owed = Owed.from_json(store.meta(OWED_KEY)) if store else None
+    selection = selection.carrying(plan, owed, done)
     selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
     freshness = Freshness(plan, done, store.findings_as_of if store else lambda _t, _s: [])
     steps: list[dict[str, Any]] = []

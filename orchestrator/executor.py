@@ -173,7 +173,7 @@ class Runner:
         owed = Owed.from_json(store.meta(OWED_KEY))
         # What an earlier run was asked to redo and did not; then resolved again knowing who
         # held what: the rerun's cut, revived holders, their releasers.
-        selection = selection.carrying(owed, done)
+        selection = selection.carrying(plan, owed, done)
         self.selection, revived = selection.reviving(plan, store.resources(), self.statuses)
         for task_id, why in revived.items():
             log.info("task.revived", task=task_id, why=why)

@@ -39,7 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
@@ -189,12 +189,12 @@ class Selection:
         )
         return selection, {task_id: "; ".join(whys) for task_id, whys in why.items()}
 
-    def carrying(self, owed: Owed | None, done: Mapping[str, DoneMark]) -> Selection:
-        """This selection with what `owed` still owes (not done since that run began) forced
-        too, in this selection's scope; call before `reviving`, which keeps it."""
+    def carrying(self, plan: Plan, owed: Owed | None, done: Mapping[str, DoneMark]) -> Selection:
+        """This selection with what `owed` still owes (in the plan, not done since that run
+        began) forced too, in this selection's scope; call before `reviving`, which keeps it."""
         if owed is None:
             return self
-        owed = owed.left(done)
+        owed = owed.left(done, plan.by_id)
         return replace(self, forced=self.forced | (owed.carried & self.scope), owed=owed)
 
     @property
@@ -225,10 +225,15 @@ class Owed:
     tasks: tuple[str, ...]
     asked: str  # what the operator asked for, as the reason a later run gives
 
-    def left(self, done: Mapping[str, DoneMark]) -> Owed:
+    def left(self, done: Mapping[str, DoneMark], planned: Collection[str]) -> Owed:
+        """What is still owed: the tasks still planned and not done since."""
         return replace(
             self,
-            tasks=tuple(t for t in self.tasks if t not in done or done[t].seq <= self.since),
+            tasks=tuple(
+                t
+                for t in self.tasks
+                if t in planned and (t not in done or done[t].seq <= self.since)
+            ),
         )
 
     @property
@@ -248,7 +253,7 @@ class Owed:
         try:
             d = json.loads(raw)
             return cls(int(d["run"]), int(d["since"]), tuple(map(str, d["tasks"])), str(d["asked"]))
-        except (ValueError, TypeError, KeyError):
+        except (ValueError, TypeError, KeyError, OverflowError):  # 1e999 as a run
             return None
 
 

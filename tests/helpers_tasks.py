@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel
 
 from orchestrator import CheckResult, Context, Precondition, Task
+from orchestrator.findings import Finding
 
 
 def measure(ctx: Context, tokens: int) -> dict[str, float]:
@@ -43,3 +46,23 @@ class BrokenCheck(Precondition):  # type: ignore[type-arg]
 
 def flags() -> dict[str, bool | int]:
     return {"changed": True, "cached": False, "count": 1}
+
+
+class FindingsSink:
+    """The findings a task records, by key: the executor's part of a Context, without a store
+    (for driving a kind's `record` in-process)."""
+
+    def __init__(self) -> None:
+        self.found: dict[str, Finding] = {}
+
+    def finding(self, finding: Finding) -> None:
+        self.found[finding.key] = finding
+
+    def process_started(self, pgid: int, started_at: float) -> None: ...
+    def progress(self, message: str) -> None: ...
+    def hold(self, name: str, data: dict[str, Any]) -> None: ...
+    def held(self, name: str) -> dict[str, Any] | None:
+        return None
+
+    def release(self, name: str) -> None: ...
+    def stalled(self, report: object) -> None: ...

@@ -36,6 +36,7 @@ from tasks.analyze import (
 )
 
 from conftest import PlanDir, free_port, run_orch
+from helpers_tasks import FindingsSink
 from test_servers import findings, no_server_left, stub_plan
 
 __all__ = ["no_server_left"]  # the autouse fixture: no server process outlives a test
@@ -101,26 +102,8 @@ def _lv(
     }
 
 
-class _Sink:
-    """The findings a task records, by key (the executor's part, without a store)."""
-
-    def __init__(self) -> None:
-        self.found: dict[str, Finding] = {}
-
-    def finding(self, finding: Finding) -> None:
-        self.found[finding.key] = finding
-
-    def process_started(self, pgid: int, started_at: float) -> None: ...
-    def progress(self, message: str) -> None: ...
-    def hold(self, name: str, data: dict[str, Any]) -> None: ...
-    def held(self, name: str) -> dict[str, Any] | None:
-        return None
-
-    def release(self, name: str) -> None: ...
-
-
 def _recorded(v: Verdict, tmp_path: Path) -> dict[str, Finding]:
-    sink = _Sink()
+    sink = FindingsSink()
     record(Context("an", 1, 1, tmp_path / "an.log", None, sink), v)
     return sink.found
 

@@ -10,7 +10,11 @@ import os
 import signal
 from pathlib import Path
 
+from hypothesis import example, given
+from hypothesis import strategies as st
 from test_revival import attempts, bench, dry, launch, stop
+
+from orchestrator.selection import Owed
 
 from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 from test_servers import findings, no_server_left
@@ -189,3 +193,26 @@ def test_a_need_done_again_with_the_same_findings_makes_nothing_stale(tmp_path: 
     assert run_orch("run", plan, "--rerun", "a", "--only", "a").returncode == 0
     assert board(plan)["b"]["stale"] is None
     assert dry(plan)["b"] == ("skip", "completed")
+
+
+@given(
+    st.one_of(
+        st.text(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=10),
+            lambda inner: (
+                st.lists(inner, max_size=4)
+                | st.dictionaries(
+                    st.sampled_from(["run", "since", "tasks", "asked", "x"]), inner, max_size=5
+                )
+            ),
+            max_leaves=12,
+        ).map(json.dumps),
+    )
+)
+@example('{"run": Infinity, "since": 1, "tasks": [], "asked": "x"}')
+def test_an_owed_record_in_any_state_is_read_or_ignored_never_a_crash(raw: str) -> None:
+    """The store's meta row is bytes anyone may have edited: a record orch cannot read owes
+    nothing (the next run redoes less, never crashes)."""
+    owed = Owed.from_json(raw)
+    assert owed is None or all(isinstance(t, str) for t in owed.tasks)
