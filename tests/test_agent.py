@@ -137,7 +137,7 @@ def test_an_agent_reads_runs_extends_and_records_and_a_person_sees_it(pdir: Plan
             assert "cold_mb_s=900" in log.contents[0].text  # type: ignore[union-attr]
             report = await s.read_resource("orch://tasks/measure/report")
             text = report.contents[0].text  # type: ignore[union-attr]
-            assert "accept_rate = 0.42 (no speedup) [agent]" in text
+            assert "agent: accept_rate=0.42 (no speedup)" in text  # as the board writes it
             board_text = (await s.read_resource("orch://board")).contents[0].text  # type: ignore[union-attr]
             board = json.loads(board_text)
             assert len(board["tasks"]) == 7

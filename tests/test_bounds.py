@@ -214,7 +214,7 @@ def test_long_finding_lines_are_rejected_not_parsed() -> None:
 def test_var_values_have_the_same_limits(tmp_path: Path) -> None:
     """`--var x=<alias bomb>` is a usage error, not gigabytes; a plain value still works."""
     plan = tmp_path / "p.yaml"
-    plan.write_text("name: t\nvars: {x: 1}\n" + TASK)
+    plan.write_text("name: t\nvars: {x: [1]}\n" + TASK)
     bomb = alias_bomb(10).split("vars:\n", 1)[1].split("tasks:")[0]
     flow = "{" + ", ".join(line.strip() for line in bomb.splitlines()) + "}"
     result = CliRunner().invoke(cli, ["plan", str(plan), "--var", f"x={flow}"])

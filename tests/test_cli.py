@@ -576,7 +576,8 @@ def test_history_of_an_unknown_task_is_a_usage_error_with_a_suggestion(pdir: Pla
         typo = run_orch("history", plan, "--task", "mesure", *extra)
         assert typo.returncode == 2, (typo.returncode, typo.stdout, typo.stderr)
         assert "no task 'mesure'" in typo.stderr and "did you mean 'measure'?" in typo.stderr
-        assert typo.stdout == ""
+        # --json: the error as JSON on stdout too, for a program reading it
+        assert typo.stdout == "" if not extra else json.loads(typo.stdout)["exit_code"] == 2
     assert run_orch("todo", "add", plan, "extra").returncode == 0
     assert run_orch("todo", "rm", plan, "extra").returncode == 0
     removed = run_orch("history", plan, "--task", "extra")

@@ -1137,13 +1137,15 @@ def test_var_override_of_unknown_var(tmp_path: Path) -> None:
 
 
 def test_var_override_is_type_checked_where_used(tmp_path: Path) -> None:
-    """An override of the wrong type fails the param that uses it, on that param's line."""
+    """An override of another type than the var's plan value is refused on the var's line;
+    one of the right type that a param still refuses fails that param, on its line."""
     path = one_task(
         tmp_path,
         "kind: shell\nparams:\n  command: 'true'\n  grace: ${vars.g}  # <-E",
-        head="vars: {g: 5}\n",
+        head="vars: {g: 5}  # <-V\n",
     )
-    only(path, "# <-E", "param 'grace'", "valid number", overrides={"g": "lots"})
+    only(path, "# <-V", "--var g=lots: this var is a whole number", overrides={"g": "lots"})
+    only(path, "# <-E", "param 'grace'", "greater than or equal to 0", overrides={"g": -1})
 
 
 def test_var_override_unknown_and_other_errors_together(tmp_path: Path) -> None:

@@ -363,6 +363,7 @@ def test_status_json_schema_and_todowrite(pdir: PlanDir) -> None:
         "status",
         "reason",
         "attempts",
+        "run_attempts",
         "started_at",
         "ended_at",
         "duration_s",
