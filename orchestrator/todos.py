@@ -256,6 +256,8 @@ def _match(
     text = _norm(content)
     if text in by_title:
         return by_title[text]
+    if (kept := _norm(content[:MAX_TITLE_CHARS])) in by_title:  # a long one, kept cut
+        return by_title[kept]
     # `--format todowrite` writes "<title> (<findings or why>)": the agent hands it back.
     head = text.rsplit(" (", 1)[0] if text.endswith(")") else None
     while head:
