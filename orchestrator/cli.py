@@ -90,9 +90,8 @@ class OrchGroup(click.Group):
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Whether the command asked for --json: its errors are JSON on stdout then, too.
-        ctx.meta["orch.json"] = (
-            "--json" in args[: args.index("--")] if "--" in args else ("--json" in args)
-        )
+        options = args[: args.index("--")] if "--" in args else args
+        ctx.meta["orch.json"] = "--json" in options
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:

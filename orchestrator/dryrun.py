@@ -17,7 +17,7 @@ from .guards import note as guard_note
 from .guards import undone_by
 from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
-from .selection import OWED_KEY, Action, Freshness, Owed, Selection, decide
+from .selection import Action, Selection, decide
 from .status import Status
 from .store import Store
 from .templating import Ref, evaluate_when, resolve
@@ -69,11 +69,7 @@ def dry_run(
 def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[str, Any]]:
     rows = {r["id"]: r for r in store.todos()} if store else {}
     statuses = {task_id: Status(r["status"]) for task_id, r in rows.items()}
-    done = store.done_marks() if store else {}
-    owed = Owed.from_json(store.meta(OWED_KEY)) if store else None
-    selection = selection.carrying(plan, owed, done)
-    selection, revived = selection.reviving(plan, store.resources() if store else [], statuses)
-    freshness = Freshness(plan, done, store.findings_as_of if store else lambda _t, _s: [])
+    selection, revived, freshness = selection.knowing(plan, store, statuses)
     steps: list[dict[str, Any]] = []
     will_run: set[str] = set()  # their findings are the run's to know
     lookup = _lookup(plan, store, will_run)

@@ -42,7 +42,7 @@ from .lock import RunLock
 from .plan import Plan, PlannedCheck, PlannedTask, with_added
 from .process import INTERRUPTS, raise_in_thread, tail
 from .resources import LEASE_KIND, release_all
-from .selection import OWED_KEY, Action, Freshness, Owed, Selection, asked, decide, owed_why
+from .selection import OWED_KEY, Action, Selection, asked, decide, owed_why
 from .snapshot import remember_stale
 from .stalls import MAX_RESTARTS, StallPolicy, StallReport, TaskStalled
 from .status import Status
@@ -169,12 +169,9 @@ class Runner:
         self.tag = tag  # tells this store's task markers from another store's
         self.selection, self.options, self.log = selection, options, log
         self.read_todos()
-        done = store.done_marks()
-        owed = Owed.from_json(store.meta(OWED_KEY))
         # What an earlier run was asked to redo and did not; then resolved again knowing who
         # held what: the rerun's cut, revived holders, their releasers.
-        selection = selection.carrying(plan, owed, done)
-        self.selection, revived = selection.reviving(plan, store.resources(), self.statuses)
+        self.selection, revived, self.freshness = selection.knowing(plan, store, self.statuses)
         for task_id, why in revived.items():
             log.info("task.revived", task=task_id, why=why)
         if carried := sorted(self.selection.carried):
@@ -182,7 +179,6 @@ class Runner:
         if not options.rollback:  # a rollback redoes nothing: what is owed stays owed
             now_owed = self.selection.owing(run_id, store.last_transition(), asked(options))
             store.set_meta(OWED_KEY, now_owed.to_json() if now_owed else None)
-        self.freshness = Freshness(plan, done, store.findings_as_of)
         self.stopped_by: str | None = None  # the failure after which nothing new starts
         self.stale: dict[str, tuple[str, ...]] = {}
         self.started = 0  # tasks this run started (0: nothing to do, all was done)

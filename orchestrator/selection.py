@@ -48,7 +48,7 @@ from .errors import UsageError, did_you_mean
 from .guards import does as guard_does
 from .plan import Plan, PlannedTask, what_changed
 from .status import Status
-from .store import DoneMark
+from .store import DoneMark, Store
 from .templating import iter_refs
 
 OWED_KEY = "owed"  # the store's meta key of the latest run's Owed (JSON)
@@ -189,6 +189,20 @@ class Selection:
         )
         return selection, {task_id: "; ".join(whys) for task_id, whys in why.items()}
 
+    def knowing(
+        self, plan: Plan, store: Store | None, statuses: Mapping[str, Status]
+    ) -> tuple[Selection, dict[str, str], Freshness]:
+        """This selection resolved against the store, as `orch run` and `orch plan` both need
+        it: what an earlier run still owes carried, then `reviving`; and the Freshness to
+        decide with. Returns it, why each revived task runs, and the Freshness."""
+        if store is None:
+            selection, revived = self.reviving(plan, [], statuses)
+            return selection, revived, Freshness(plan, {}, lambda _task, _seq: [])
+        done = store.done_marks()
+        carried = self.carrying(plan, Owed.from_json(store.meta(OWED_KEY)), done)
+        selection, revived = carried.reviving(plan, store.resources(), statuses)
+        return selection, revived, Freshness(plan, done, store.findings_as_of)
+
     def carrying(self, plan: Plan, owed: Owed | None, done: Mapping[str, DoneMark]) -> Selection:
         """This selection with what `owed` still owes (in the plan, not done since that run
         began) forced too, in this selection's scope; call before `reviving`, which keeps it."""
@@ -212,7 +226,7 @@ class Selection:
     def why_carried(self, task_id: str) -> str | None:
         if self.owed is None or task_id not in self.carried:
             return None
-        return f"{self.owed.asked} (run #{self.owed.run_id}) did not finish it"
+        return f"{self.owed.reason} it"
 
 
 @dataclass(frozen=True)
@@ -239,6 +253,10 @@ class Owed:
     @property
     def carried(self) -> frozenset[str]:
         return frozenset(self.tasks)
+
+    @property
+    def reason(self) -> str:
+        return f"{self.asked} (run #{self.run_id}) did not finish"
 
     def to_json(self) -> str:
         return json.dumps(
@@ -275,6 +293,12 @@ class Freshness:
         self.to_redo: set[str] = set()  # `orch plan`: will run, its findings not known yet
         self.lagging: dict[str, tuple[str, ...]] = {}  # done tasks found behind, and why
         self.unless: dict[str, list[str]] = {}  # `orch plan`: stale if these find otherwise
+        self._now: dict[str, Sequence[Any]] = {}  # a need's findings now, read once
+
+    def _found_now(self, task_id: str) -> Sequence[Any]:
+        if task_id not in self._now:
+            self._now[task_id] = self.findings_as_of(task_id, None)
+        return self._now[task_id]
 
     def behind(self, task: PlannedTask) -> tuple[str, ...]:
         """Why a done `task` is behind the tasks it needs, if it is (remembered: what needs
@@ -295,7 +319,7 @@ class Freshness:
                 need in self.redone or (theirs is not None and theirs.seq > mine.seq)
             ):
                 continue
-            elif self.findings_as_of(need, None) == self.findings_as_of(need, mine.seq):
+            elif self._found_now(need) == self.findings_as_of(need, mine.seq):
                 continue  # done again, finding what it found before: nothing changed for it
             elif need in self.redone:
                 why.append(f"{need} is redone in this run, with other findings")
@@ -422,5 +446,4 @@ def asked(options: Any) -> str:
 
 
 def owed_why(selection: Selection) -> str:
-    owed = selection.owed
-    return f"{owed.asked} (run #{owed.run_id}) did not finish them" if owed else ""
+    return f"{selection.owed.reason} them" if selection.owed else ""
