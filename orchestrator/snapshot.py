@@ -100,6 +100,8 @@ def cached_stale(path: Path, digest: str) -> dict[str, Any] | None:
         if not cached or cached["digest"] != digest or cached["seq"] != store.last_transition():
             return None
         return dict(cached["stale"])
+    except (ValueError, TypeError, KeyError):  # a cache damaged or hand-edited: computed anew
+        return None
     finally:
         store.close()
 

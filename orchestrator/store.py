@@ -210,6 +210,14 @@ _REQUIRED = {
 # checked, nor the log tables' numbers: every column of every row cost ~5.8 ms a 1000-task
 # store at every open, these ~1.8 ms (bench/bench_integrity.py).
 _STORED_AS = {int: ("integer",), float: ("real", "integer")}
+# Text that orch reads back as JSON, and the JSON type it wrote there: a damaged byte inside one
+# passes SQLite's checks and would end the reading command in a JSONDecodeError.
+_JSON_COLUMNS = {
+    ("todos", "needs"): "array",
+    ("todos", "spec"): "object",
+    ("todos", "definition"): "object",
+    ("resources", "data"): "object",
+}
 _TYPED = ("runs", "todos")  # one row a run or a task; the log tables: required values only
 _STATUS_COLUMNS = {"todos": ("status",), "transitions": ("from_status", "to_status")}
 
@@ -237,6 +245,15 @@ def _invariant_queries(version: int) -> tuple[tuple[str, str], ...]:
                     (
                         f"typeof({quoted}) NOT IN ({allowed})",
                         f"'{column} is ' || typeof({quoted}) || ', not {types[0]}'",
+                    )
+                )
+            if (shape := _JSON_COLUMNS.get((table, column))) is not None:
+                # json_type raises on malformed JSON: only asked once json_valid said yes.
+                checks.append(
+                    (
+                        f"{quoted} IS NOT NULL AND CASE WHEN json_valid({quoted}) "
+                        f"THEN json_type({quoted}) != '{shape}' ELSE 1 END",
+                        f"'{column} is not a JSON {shape}'",
                     )
                 )
             if column in _STATUS_COLUMNS.get(table, ()):

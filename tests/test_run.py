@@ -150,6 +150,11 @@ def test_status_of_an_unchanged_plan_answers_from_the_store_and_agrees(pdir: Pla
     plan.write_text(plan.read_text().replace("# an edit\n", ""))
     assert run_orch("forget", plan, "d", env={**ENV, "ORCH_TEST_WHO": "b"}).returncode == 0
     assert loads("b")  # moved on
+    for damaged in ("char(0) || value", "'[1]'"):  # a cache that cannot be read is no answer
+        with pdir.db() as db:
+            db.execute(f"UPDATE meta SET value = {damaged} WHERE key='stale_cache'")
+            db.commit()
+        assert loads("b")
 
 
 def test_a_var_from_the_environment_is_part_of_the_finished_plan(pdir: PlanDir) -> None:

@@ -163,8 +163,21 @@ def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
         ("UPDATE transitions SET to_status = 'zzz'", "transitions row 1: to_status 'zzz'"),
         ("UPDATE runs SET started_at = 'soon'", "runs row 1: started_at is text, not real"),
         ("UPDATE findings SET key = NULL", "findings row 1: key is NULL"),
+        # Text that SQLite keeps and orch reads back as JSON: a damaged byte, a hand edit.
+        ("UPDATE todos SET spec = char(0) || spec", "todos row 'a': spec is not a JSON object"),
+        ("UPDATE todos SET needs = '{}'", "todos row 'a': needs is not a JSON array"),
     ],
-    ids=["attempts-null", "attempts-text", "status", "position", "transition", "run", "finding"],
+    ids=[
+        "attempts-null",
+        "attempts-text",
+        "status",
+        "position",
+        "transition",
+        "run",
+        "finding",
+        "spec-json",
+        "needs-json",
+    ],
 )
 def test_a_store_that_breaks_orchs_invariants_is_refused_with_the_row_named(
     pdir: PlanDir, sql: str, named: str
