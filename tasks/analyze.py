@@ -254,6 +254,9 @@ class Level(BaseModel):
     spec_unused: dict[str, Any] | None = Field(
         None, description="the engine's counters over windows measured but not used"
     )
+    above_cuda_graph_max_bs: int | None = Field(
+        None, description="the server's CUDA-graph max decode batch, where this level is above it"
+    )
 
 
 class Server(BaseModel):
@@ -317,6 +320,12 @@ class Spec(BaseModel):
     accepted: int | None = None
     verify_passes: int | None = None
     output_tokens: int | None = None
+    correct_drafts: int | None = None
+    proposed_drafts: int | None = None
+    engine_accept_rate: float | None = Field(
+        None, description="the engine's own rate beside orch's (SGLang: correct/proposed drafts)"
+    )
+    source: str | None = Field(None, description="where the counts were read")
 
     @model_validator(mode="after")
     def _consistent(self) -> Spec:
@@ -350,6 +359,7 @@ class Result(BaseModel):
     levels: list[Level] = []
     server: Server = Server()
     spec: Spec | None = None
+    spec_unmeasured: str | None = Field(None, description="why a result has no acceptance")
     benchmark: dict[str, str | int | float | bool] = {}
     _origin: str = PrivateAttr("inline in the plan")  # or the file it was read from
 
@@ -1196,6 +1206,14 @@ def _notes(v: Verdict, base: Result) -> list[str]:
             "costs more than assumed, or a large per-step overhead, or runs that did "
             "not run the same load; a draft model about as large as the target costs "
             "~1 target step per draft: then set max_draft_cost: 1"
+        )
+    if eager := [lv for lv in v.result.levels if lv.above_cuda_graph_max_bs]:
+        at = _and([fc(lv.concurrency) for lv in eager])
+        notes.append(
+            f"decoded without CUDA graphs at concurrency {at} (above the server's "
+            f"CUDA-graph max batch, {eager[0].above_cuda_graph_max_bs}): a "
+            "known cause of speculative slow-downs at high concurrency; raise "
+            "--cuda-graph-max-bs to measure those levels with graphs"
         )
     return notes + _shortfall(v.result, v.points, v.tolerance) + _comparability(v.result, base)
 

@@ -183,6 +183,8 @@ class Outcome:
     prompt_tokens: int = 0
     output_tokens: int = 0
     verify_ct: int = 0  # SGLang: target verify passes (speculation)
+    correct_drafts: int = 0  # SGLang: draft tokens the target accepted
+    proposed_drafts: int = 0  # SGLang: draft tokens proposed, verify_ct x (draft tokens - 1)
     asked: int = 0  # output tokens requested
     error: str = ""
 
@@ -297,7 +299,11 @@ def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, An
     """Fold one streamed JSON chunk into `out`; True if it carried tokens.
 
     OpenAI: choices[0].text is the delta; the last chunk has `usage`. SGLang /generate: `text`
-    is the whole text so far, `meta_info` the running counts (section 1.5).
+    is the whole text so far, `meta_info` the running counts (section 1.5). The speculative
+    counts are SGLang's per request, set in sglang/srt/managers/tokenizer_manager.py
+    (`_calculate_spec_decoding_metrics`): spec_verify_ct (verify passes),
+    spec_num_correct_drafts, spec_num_proposed_drafts (= spec_verify_ct x
+    (speculative_num_draft_tokens - 1)); present once a verify pass ran.
     """
     if api == "sglang":
         text: str = data.get("text", "")
@@ -307,6 +313,8 @@ def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, An
         out.output_tokens = int(meta.get("completion_tokens", out.output_tokens))
         out.prompt_tokens = int(meta.get("prompt_tokens", out.prompt_tokens))
         out.verify_ct = int(meta.get("spec_verify_ct", out.verify_ct))
+        out.correct_drafts = int(meta.get("spec_num_correct_drafts", out.correct_drafts))
+        out.proposed_drafts = int(meta.get("spec_num_proposed_drafts", out.proposed_drafts))
         return len(text) > seen
     if usage := data.get("usage"):
         out.output_tokens = int(usage.get("completion_tokens") or 0)
@@ -712,12 +720,34 @@ def vllm_acceptance(before: dict[str, float], after: dict[str, float]) -> dict[s
 
 
 def sglang_acceptance(outcomes: list[Outcome], k: int | None) -> dict[str, Any] | None:
-    verify = sum(o.verify_ct for o in outcomes if o.ok)
+    """A window's acceptance from SGLang's per-request counts, summed (read_chunk): tau =
+    output tokens / verify passes, SGLang's own spec_accept_length made token-weighted."""
+    ok = [o for o in outcomes if o.ok]
+    return sglang_spec(
+        sum(o.verify_ct for o in ok),
+        sum(o.output_tokens for o in ok),
+        sum(o.correct_drafts for o in ok),
+        sum(o.proposed_drafts for o in ok),
+        k,
+    )
+
+
+def sglang_spec(
+    verify: int, tokens: int, correct: int, proposed: int, k: int | None
+) -> dict[str, Any] | None:
+    """tau and the strict rate on orch's definition (acceptance), with SGLang's own rate,
+    correct / proposed drafts, beside it: the two differ by the first token, which a prefill
+    makes, not a verify pass (SGLang counts it in spec_accept_length)."""
     if verify <= 0 or not k:
         return None
-    tokens = sum(o.output_tokens for o in outcomes if o.ok)
     found = acceptance(tokens / verify, k)
     found.update(verify_passes=verify, output_tokens=tokens)
+    if proposed > 0:
+        found.update(
+            correct_drafts=correct,
+            proposed_drafts=proposed,
+            engine_accept_rate=round(correct / proposed, 4),
+        )
     return found
 
 
@@ -734,11 +764,13 @@ def combine(levels: list[dict[str, Any]]) -> dict[str, Any] | None:
         found = acceptance(1 + accepted / drafts, k)
         found.update(drafts=drafts, accepted=accepted, proposed=sum(s["proposed"] for s in specs))
         return found
-    verify = sum(s["verify_passes"] for s in specs)
-    tokens = sum(s["output_tokens"] for s in specs)
-    found = acceptance(tokens / verify, k)
-    found.update(verify_passes=verify, output_tokens=tokens)
-    return found
+    return sglang_spec(
+        sum(s["verify_passes"] for s in specs),
+        sum(s["output_tokens"] for s in specs),
+        sum(s.get("correct_drafts", 0) for s in specs),
+        sum(s.get("proposed_drafts", 0) for s in specs),
+        k,
+    )
 
 
 # --- the task ------------------------------------------------------------------------------------
@@ -773,6 +805,10 @@ def resolve_target(ctx: Context, p: BenchParams) -> Target:
             )
         server = held
     url = (p.url or server["url"]).rstrip("/")
+    if p.url is not None:  # no launch recorded what it is: the server says, where it can
+        from tasks.servers import engine_settings
+
+        server = engine_settings(url)
     model = p.model or server.get("served_model")
     if model is None:
         models = http.request_json(url + "/v1/models")
@@ -780,6 +816,44 @@ def resolve_target(ctx: Context, p: BenchParams) -> Target:
     engine = server.get("flavour") if server.get("flavour") in ("vllm", "sglang") else None
     api = p.api if p.api != "auto" else ("sglang" if engine == "sglang" else "openai")
     return Target(url, str(model), api, engine, server)
+
+
+# Where a level's acceptance comes from, per API (recorded with it: the definition is
+# `acceptance_definition`, the engine's version is the result's server.version).
+SPEC_SOURCES = {
+    "sglang": "SGLang /generate meta_info per request (spec_verify_ct, spec_num_correct_drafts, "
+    "spec_num_proposed_drafts), summed over the level's windows",
+    "openai": "vLLM /metrics vllm:spec_decode_* counters, the level's windows' deltas",
+}
+
+
+def unmeasured_acceptance(target: Target, algorithm: str | None) -> str | None:
+    """Why a benchmark has no acceptance, where one was possible or cannot be ruled out;
+    None for a server known not to speculate."""
+    if target.engine is None:
+        return (
+            "not measured: the server answered neither SGLang's /server_info nor vLLM's "
+            "/version, so whether it speculates, and where it reports acceptance, is unknown"
+        )
+    if algorithm is None:
+        return None
+    if target.engine == "sglang" and target.api != "sglang":
+        return (
+            f"not measured: SGLang ({algorithm}) reports acceptance per request on its native "
+            "/generate only; this benchmark used /v1/completions (api: openai)"
+        )
+    return f"not measured: the server speculates ({algorithm}) but reported no verify passes " + (
+        "in /generate's meta_info" if target.api == "sglang" else "in its /metrics counters"
+    )
+
+
+def _sglang_k(settings: Mapping[str, Any]) -> int | None:
+    """k as SGLang resolved it (its own choice where the plan left it, /server_info): draft
+    tokens a verify pass checks, the way SGLang counts proposed drafts."""
+    if isinstance(tokens := settings.get("speculative_num_draft_tokens"), int) and tokens > 1:
+        return tokens - 1
+    steps = settings.get("speculative_num_steps")
+    return steps if isinstance(steps, int) and steps > 0 else None
 
 
 # What of a held server's record describes its settings (the rest is how to reach and end it).
@@ -833,7 +907,7 @@ class BenchServe(Task[BenchParams]):
         if p.input_tokens is not None:
             prompts = exact_lengths(target, prompts, p.input_tokens)
         # k as planned, else as SGLang resolved it (its auto choice, /server_info)
-        k = target.server.get("draft_tokens") or target.server.get("speculative_num_steps")
+        k = target.server.get("draft_tokens") or _sglang_k(target.server)
         levels = []
         with pinned(p.cpus) as not_pinned:
             if not_pinned:
@@ -845,6 +919,9 @@ class BenchServe(Task[BenchParams]):
                     )
                 )
                 levels.append(merge_windows(concurrency, measured))
+                graphs = target.server.get("cuda_graph_max_bs")
+                if isinstance(graphs, int) and concurrency > graphs:
+                    levels[-1]["above_cuda_graph_max_bs"] = graphs
                 ctx.progress(_level_line(levels[-1]))
         result = self.result(ctx, target, levels)
         path = Path(p.output) if p.output else ctx.log_path.parent / f"{ctx.task_id}.json"
@@ -906,9 +983,16 @@ class BenchServe(Task[BenchParams]):
                 "ignore_eos": p.ignore_eos,
             },
         }
+        algorithm = target.server.get("algorithm") or target.server.get("speculative_algorithm")
         if (spec := combine(levels)) is not None:
             spec.pop("per_position", None)
-            out["spec"] = {"algorithm": target.server.get("algorithm"), **spec}
+            out["spec"] = {
+                "algorithm": algorithm,
+                "source": SPEC_SOURCES.get(target.api, target.api),
+                **spec,
+            }
+        elif (why := unmeasured_acceptance(target, algorithm)) is not None:
+            out["spec_unmeasured"] = why
         return out
 
     def record(
@@ -942,6 +1026,17 @@ class BenchServe(Task[BenchParams]):
                     left_out or None,
                 )
             ctx.finding(f"{c}.achieved_concurrency", round(lv["achieved_concurrency"], 2))
+            if spec := lv.get("spec"):  # this level's own: its windows' counts, summed
+                note = f"tau with k={spec['draft_tokens']}; strict rate {spec['acceptance']:.1%}"
+                if "engine_accept_rate" in spec:
+                    note += f" (the engine's own: {spec['engine_accept_rate']:.1%})"
+                ctx.finding(f"{c}.accept_length", round(spec["accept_length"], 3), note=note)
+            if graphs := lv.get("above_cuda_graph_max_bs"):
+                ctx.finding(
+                    f"{c}.eager_decode",
+                    True,
+                    note=f"above the server's CUDA-graph max batch ({graphs}): decoded eagerly",
+                )
             if lv["rejected"]:
                 ctx.finding(f"{c}.rejected_windows", len(lv["rejected"]), note=rejected_note(lv))
         peak = max(levels, key=lambda lv: lv["output_tok_s"])
@@ -966,6 +1061,8 @@ class BenchServe(Task[BenchParams]):
             )
             if "alpha" in spec:
                 ctx.finding("alpha", round(spec["alpha"], 3), note="per-token acceptance")
+        elif why := result.get("spec_unmeasured"):
+            ctx.finding("acceptance_unmeasured", why)
         ctx.finding("result", str(path), note=SCHEMA)
 
 

@@ -483,6 +483,63 @@ def _probe(p: LaunchParams) -> None:
         )
 
 
+# What SGLang's /server_info says that a result needs: its server args (the speculative ones
+# as it resolved them, the KV budget, the attention backend) and its version. The endpoint and
+# its fields: sglang/srt/entrypoints/http_server.py (`/server_info`; `/get_server_info` before
+# it, deprecated since). `cuda_graph_max_bs` moved into `cuda_graph_config.decode.max_bs`.
+SGLANG_SETTINGS = (
+    "version",
+    "max_running_requests",
+    "max_total_tokens",
+    "speculative_algorithm",
+    "speculative_num_steps",
+    "speculative_eagle_topk",
+    "speculative_num_draft_tokens",
+    "attention_backend",
+    "dtype",
+    "device",
+    "tp_size",
+)
+
+
+def engine_settings(url: str, flavour: str | None = None) -> dict[str, Any]:
+    """What a running server says of itself, as {"flavour": ..., settings}; {} when it answers
+    neither SGLang's /server_info nor vLLM's /version. flavour None: asked as SGLang first
+    (its info names a model_path), then as vLLM."""
+    if flavour in ("sglang", None):
+        for path in ("/server_info", "/get_server_info"):
+            with contextlib.suppress(http.Unreachable):
+                info = http.request_json(url + path)
+                if isinstance(info, dict) and "model_path" in info:
+                    found = {k: info[k] for k in SGLANG_SETTINGS if info.get(k) is not None}
+                    if (graphs := _decode_graph_max_bs(info)) is not None:
+                        found["cuda_graph_max_bs"] = graphs
+                    return {"flavour": "sglang", **found}
+    if flavour in ("vllm", None):
+        with contextlib.suppress(http.Unreachable, AttributeError):
+            version = http.request_json(url + "/version").get("version")
+            return {"flavour": "vllm", "version": version} if version else {}
+    return {}
+
+
+def _decode_graph_max_bs(info: dict[str, Any]) -> int | None:
+    """The largest decode batch SGLang captured a CUDA graph for; None where it runs none (a
+    CPU or other device, or graphs disabled): a batch above it decodes eagerly, a known cause
+    of speculative slow-downs at high concurrency."""
+    if info.get("device", "cuda") != "cuda" or info.get("disable_cuda_graph"):
+        return None
+    config = info.get("cuda_graph_config")
+    decode = config.get("decode") if isinstance(config, dict) else None
+    for value in (
+        info.get("cuda_graph_max_bs_decode"),
+        decode.get("max_bs") if isinstance(decode, dict) else None,
+        info.get("cuda_graph_max_bs"),
+    ):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
 def _resolved(p: LaunchParams) -> dict[str, Any]:
     """What the server made of its settings (section 1.4: SGLang's server info)."""
     found: dict[str, Any] = {}
@@ -491,28 +548,12 @@ def _resolved(p: LaunchParams) -> dict[str, Any]:
     found["served_model"] = first.get("id")
     if first.get("max_model_len"):
         found["max_model_len"] = first["max_model_len"]
-    if p.flavour == "sglang":
-        for path in ("/server_info", "/get_server_info"):
-            with contextlib.suppress(http.Unreachable):
-                info = http.request_json(p.url + path)
-                break
-        else:
-            return found
-        for key in (
-            "max_running_requests",
-            "speculative_algorithm",
-            "speculative_num_steps",
-            "speculative_eagle_topk",
-            "speculative_num_draft_tokens",
-            "version",
-        ):
-            if info.get(key) is not None:
-                found[key] = info[key]
-    elif p.flavour == "vllm":
-        with contextlib.suppress(http.Unreachable):
-            found["version"] = http.request_json(p.url + "/version").get("version")
-        if p.max_running_requests:
-            found["max_running_requests"] = p.max_running_requests
+    if p.flavour in ("sglang", "vllm"):
+        settings = engine_settings(p.url, p.flavour)
+        settings.pop("flavour", None)
+        found.update(settings)
+    if p.flavour == "vllm" and p.max_running_requests:
+        found["max_running_requests"] = p.max_running_requests
     return {k: v for k, v in found.items() if v is not None}
 
 

@@ -63,6 +63,8 @@ class Handler(BaseHTTPRequestHandler):
                     }
                 ).encode(),
             )
+        elif self.path == "/version" and ARGS.version:  # as vLLM answers it
+            self.reply(200, json.dumps({"version": ARGS.version}).encode())
         elif self.path == "/metrics":
             with LOCK:
                 c = dict(COUNTS)
@@ -153,6 +155,7 @@ def main() -> None:
     ap.add_argument("--drift", action="store_true")
     ap.add_argument("--fail-streams", default="")
     ap.add_argument("--ignore-term-loading", action="store_true")  # as vLLM may while loading
+    ap.add_argument("--version", default=None)  # answer /version, as vLLM does
     args = ap.parse_args(namespace=ARGS)
     if args.ignore_term_loading:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)

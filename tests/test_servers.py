@@ -19,17 +19,21 @@ import pytest
 
 from orchestrator import Context
 from orchestrator.process import marked
+from probes.procs import listeners
 from tasks.loadgen import (
     Outcome,
+    Target,
     read_chunk,
     sglang_acceptance,
     stats_ms,
     summarize_level,
+    unmeasured_acceptance,
     vllm_acceptance,
 )
-from tasks.servers import LaunchParams, ServerLaunch, render
+from tasks.servers import LaunchParams, ServerLaunch, engine_settings, render
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
+from sglang_shapes import GENERATE_FINAL_CHUNK
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
 
@@ -214,7 +218,8 @@ def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
 
 
 def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
-    """Shapes as serving-reference.md 1.5 documents them (no live SGLang here)."""
+    """Shapes as a real SGLang sends them (tests/sglang_shapes.py, checked against one by
+    tests/test_sglang.py)."""
     out, state = Outcome(ok=False), {}
     assert read_chunk(
         "sglang",
@@ -223,29 +228,52 @@ def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
         state,
     )
     assert not read_chunk("sglang", {"text": "Hel", "meta_info": {}}, out, state)
-    assert read_chunk(
-        "sglang",
-        {
-            "text": "Hello there",
-            "meta_info": {
-                "id": "x",
-                "finish_reason": {"type": "length", "length": 256},
-                "prompt_tokens": 42,
-                "completion_tokens": 256,
-                "spec_verify_ct": 155,
-                "spec_accept_length": 1.65,
-            },
-        },
-        out,
-        state,
-    )
+    assert read_chunk("sglang", GENERATE_FINAL_CHUNK, out, state)
     assert (out.output_tokens, out.prompt_tokens, out.verify_ct) == (256, 42, 155)
+    assert (out.correct_drafts, out.proposed_drafts) == (100, 465)
     out.ok = True
-    other = Outcome(ok=True, output_tokens=100, verify_ct=45)
+    other = Outcome(
+        ok=True, output_tokens=100, verify_ct=45, correct_drafts=30, proposed_drafts=135
+    )
     got = sglang_acceptance([out, other], k=3)
     assert got is not None
     assert got["accept_length"] == pytest.approx(356 / 200)  # not the mean of 1.65 and 2.22
     assert got["acceptance"] == pytest.approx((356 / 200 - 1) / 3)
+    # SGLang's own rate beside it: drafts accepted / proposed, summed, not averaged.
+    assert got["engine_accept_rate"] == pytest.approx(130 / 600, abs=1e-4)
+    assert (got["correct_drafts"], got["proposed_drafts"]) == (130, 600)
+    failed = Outcome(
+        ok=False, output_tokens=50, verify_ct=40, correct_drafts=9, proposed_drafts=120
+    )
+    assert sglang_acceptance([out, other, failed], k=3) == got  # a failed request counts not
+
+
+def test_why_a_benchmark_has_no_acceptance_is_said() -> None:
+    def why(engine: str | None, api: str, algorithm: str | None) -> str | None:
+        target = Target("http://h", "m", api, engine, {})  # type: ignore[arg-type]
+        return unmeasured_acceptance(target, algorithm)
+
+    assert "neither SGLang's /server_info nor vLLM's /version" in str(why(None, "openai", None))
+    assert "native /generate only" in str(why("sglang", "openai", "EAGLE3"))
+    assert "in /generate's meta_info" in str(why("sglang", "sglang", "EAGLE3"))
+    assert "in its /metrics counters" in str(why("vllm", "openai", "eagle3"))
+    assert why("vllm", "openai", None) is None and why("sglang", "sglang", None) is None
+
+
+def test_a_server_given_by_url_is_asked_what_it_is(tmp_path: Path) -> None:
+    """vLLM answers /version; a server that answers neither it nor SGLang's /server_info is
+    no engine orch knows (tests/test_sglang.py asks a real SGLang)."""
+    for version in ("0.32.0", None):
+        port = free_port()
+        args = [sys.executable, STUB, str(port), *(["--version", version] if version else [])]
+        stub = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
+        try:
+            wait_for(lambda p=port: bool(listeners(p)), timeout=30, what="the stub")
+            got = engine_settings(f"http://127.0.0.1:{port}")
+            assert got == ({"flavour": "vllm", "version": version} if version else {})
+        finally:
+            os.killpg(stub.pid, signal.SIGKILL)
+            stub.wait()
 
 
 # --- lifecycles through orch run ----------------------------------------------------------------
