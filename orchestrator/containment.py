@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from .process import is_alive, marked, terminate_pids
+from .process import is_alive, marked, session_members, session_of, terminate_pids
 
 MECHANISMS = ("scope", "cgroup", "marker")
 MARKERS = (b"ORCH_TASK=", b"ORCH_SERVER=")  # processes that belong to some task or server
@@ -50,6 +50,7 @@ class Jail:
 
     marker: tuple[str, str]  # environment NAME, VALUE carried by every process of the jail
     mechanism: str
+    session: int | None = None  # the pid its processes were started as a session of, if known
 
     @property
     def name(self) -> str:
@@ -102,8 +103,18 @@ class Jail:
         return _scope_cgroup(self.name)
 
     def members(self) -> list[int]:
-        """Live pids of the jail: its cgroup's, every marked process, adopted orphans."""
+        """Live pids of the jail: its cgroup's, every marked process and every process in a
+        session one of them leads (or `session`), adopted orphans."""
         pids = set(marked(self.marker))
+        # A process that wrote over its environment (setproctitle) is still in the session
+        # its jail's process leads. The kernel does not give a pid out again while a session
+        # is named by it, so `session` whose leader is gone still names this jail's session;
+        # one whose pid lives unmarked is another process's.
+        sessions = {pid for pid in pids if session_of(pid) == pid}
+        if self.session is not None and (self.session in pids or not is_alive(self.session)):
+            sessions.add(self.session)
+        if sessions:
+            pids.update(session_members(sessions))
         if (cg := self.cgroup()) is not None:
             pids.update(_cgroup_procs(cg))
         if self.mechanism == "marker":
@@ -145,8 +156,8 @@ class Jail:
                 time.sleep(0.01)
 
 
-def jail(marker: tuple[str, str]) -> Jail:
-    return Jail(marker, detect())
+def jail(marker: tuple[str, str], session: int | None = None) -> Jail:
+    return Jail(marker, detect(), session)
 
 
 @cache

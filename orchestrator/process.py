@@ -19,7 +19,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
@@ -333,6 +333,27 @@ def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]
             continue
         members.append(pid)
     return members
+
+
+def session_members(sessions: Collection[int]) -> list[int]:
+    """Live pids whose session is one of `sessions` (a session is named by its leader's pid).
+
+    A process that writes over its own environment loses the marker (setproctitle does, to
+    make room for a longer title: SGLang's scheduler and detokenizer), but stays in the
+    session it was started in unless it calls setsid itself."""
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit()
+        and (stat := stat_fields(int(entry))) is not None
+        and stat[2] not in ("Z", "X")
+        and int(stat[5]) in sessions
+    ]
+
+
+def session_of(pid: int) -> int | None:
+    stat = stat_fields(pid)
+    return None if stat is None else int(stat[5])
 
 
 def marked(marker: tuple[str, str]) -> list[int]:

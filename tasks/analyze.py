@@ -360,6 +360,9 @@ class Result(BaseModel):
     server: Server = Server()
     spec: Spec | None = None
     spec_unmeasured: str | None = Field(None, description="why a result has no acceptance")
+    host: dict[str, Any] = Field(
+        default_factory=dict, description="where it was measured: GPUs, driver, CPU model"
+    )
     benchmark: dict[str, str | int | float | bool] = {}
     _origin: str = PrivateAttr("inline in the plan")  # or the file it was read from
 
@@ -1240,6 +1243,12 @@ def _comparability(cand: Result, base: Result) -> list[str]:
         )
     if one_sided := sorted((b.keys() ^ c.keys()) - NAMING_KEYS - MEASURING_KEYS):
         notes.append("recorded for one result only, so not checked: " + ", ".join(one_sided))
+    if differs := [
+        f"{key} {base.host[key]!r} vs {cand.host[key]!r}"
+        for key in ("gpus", "driver", "cpu")
+        if key in base.host and key in cand.host and base.host[key] != cand.host[key]
+    ]:
+        notes.append("measured on different hosts (" + "; ".join(differs) + ")")
     if base.server.engine and cand.server.engine and base.server.engine != cand.server.engine:
         notes.append(
             f"engines differ ({base.server.engine} vs {cand.server.engine}): compare "

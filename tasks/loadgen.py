@@ -67,6 +67,7 @@ Results: findings, and the `orch.bench/v2` JSON (tasks/analyze.py) that analyze.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import random
@@ -847,6 +848,31 @@ def unmeasured_acceptance(target: Target, algorithm: str | None) -> str | None:
     )
 
 
+def host_fingerprint() -> dict[str, Any]:
+    """Where the benchmark ran (its client; a launched server runs here too): the GPUs and
+    driver NVML sees, and the CPU's model, so a result read later says what it was measured on."""
+
+    from probes.nvml import NvmlUnavailable, snapshot
+
+    out: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count()}
+    found = snapshot(processes=False)
+    if isinstance(found, NvmlUnavailable):
+        out["gpus"] = f"none seen ({found})"
+    else:
+        names = Counter(gpu.name for gpu in found.gpus)
+        out["gpus"] = ", ".join(f"{n}x {name}" for name, n in names.items()) or "none"
+        out["driver"] = found.driver
+    return out
+
+
+def _cpu_model() -> str | None:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    return None
+
+
 def _sglang_k(settings: Mapping[str, Any]) -> int | None:
     """k as SGLang resolved it (its own choice where the plan left it, /server_info): draft
     tokens a verify pass checks, the way SGLang counts proposed drafts."""
@@ -963,6 +989,7 @@ class BenchServe(Task[BenchParams]):
             },
             "levels": levels,
             "server": {k: v for k, v in server.items() if v is not None},
+            "host": host_fingerprint(),
             "benchmark": {
                 "tool": "orch bench.serve",
                 "api": target.api,

@@ -355,9 +355,10 @@ class _Group:
 
 
 def _jail(handle: dict[str, Any]) -> Jail:
-    """The server's jail; never a systemd scope: under systemd the server is a unit (_Unit)."""
-    box = jail(("ORCH_SERVER", handle["marker"]))
-    return Jail(box.marker, "marker") if box.mechanism == "scope" else box
+    """The server's jail; never a systemd scope: under systemd the server is a unit (_Unit).
+    Its session is the one its first process started (start_new_session)."""
+    box = jail(("ORCH_SERVER", handle["marker"]), handle.get("pid"))
+    return Jail(box.marker, "marker", box.session) if box.mechanism == "scope" else box
 
 
 def _scratch(handle: dict[str, Any]) -> Path:

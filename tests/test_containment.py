@@ -7,6 +7,7 @@ runs the same tests on the fallback. The systemd scope is tested in tests/sandbo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -388,3 +389,47 @@ def test_systemd_scope_holds_an_env_cleared_escapee(sandbox: Sandbox, ending: st
     assert "/orch-" in cgroup and ".scope" in cgroup, cgroup
     pid = int((root / "escapee.pid").read_text())
     assert not _alive_in(sandbox, pid), f"the scope did not end the escapee ({ending})"
+
+
+# Writes zeros over its own environment, as setproctitle does to make room for a long title
+# (SGLang's scheduler and detokenizer): /proc/PID/environ then holds no marker. The region is
+# /proc/self/stat's env_start..env_end (fields 50 and 51).
+ERASE_ENVIRON = f"""{PY} -c '
+import ctypes, os, time
+fields = open("/proc/self/stat").read().rpartition(")")[2].split()
+start, end = int(fields[47]), int(fields[48])
+ctypes.memset(start, 0, end - start)
+open("P", "w").write(str(os.getpid()))
+time.sleep(300)' &"""
+
+
+def test_a_process_that_wrote_over_its_environment_is_found_by_its_session(
+    tmp_path: Path,
+) -> None:
+    """Marker level: no cgroup to hold it, and no marker left to find it by; it is still in
+    the session its jail's first process leads, also once that process is gone."""
+    marker = ("ORCH_SERVER", f"erase@{os.getpid()}")
+    leader = subprocess.Popen(
+        ["sh", "-c", ERASE_ENVIRON + "\nexec sleep 300"],
+        cwd=tmp_path,
+        env={**os.environ, marker[0]: marker[1]},
+        start_new_session=True,
+    )
+    try:
+        wait_for(lambda: (tmp_path / "P").exists() and (tmp_path / "P").read_text() != "")
+        erased = int((tmp_path / "P").read_text())
+        wait_for(lambda: marked(marker) == [leader.pid], what="the child's environment erased")
+        box = Jail(marker, "marker", leader.pid)
+        assert sorted(box.members()) == sorted([leader.pid, erased])
+        assert erased in Jail(marker, "marker").members()  # the marked leader's session
+        leader.kill()
+        leader.wait()
+        assert Jail(marker, "marker").members() == []  # no marked process left to lead
+        assert box.members() == [erased]  # the session of a leader that is gone
+        assert box.end(1.0) == [erased] and not pid_alive(erased)
+    finally:
+        if leader.poll() is None:
+            leader.kill()
+            leader.wait()
+        with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
+            os.kill(int((tmp_path / "P").read_text()), signal.SIGKILL)

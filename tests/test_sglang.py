@@ -18,6 +18,8 @@ from typing import Any
 
 import pytest
 
+from orchestrator.process import session_members
+
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sglang_shapes import GENERATE_FINAL_CHUNK, SERVER_INFO, missing
 from test_servers import findings, marked_processes
@@ -92,12 +94,16 @@ def served(sglang_cpu: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     # The last data line of a stream is the [DONE] marker; the one before, the final chunk.
-    sample = (
-        f"curl -sfN {url}/generate -H 'Content-Type: application/json' -d "
-        '\'{"text": "Hello", "stream": true, "sampling_params": {"max_new_tokens": 16, '
-        '"temperature": 0, "ignore_eos": true}}\' | grep "^data: {" | tail -1 | cut -c7- '
-        "> generate.json"
-    )
+    samples = f"""
+  - id: samples
+    kind: shell
+    needs: [bench_by_url]
+    params:
+      command: |
+        curl -sf {url}/server_info > server_info.json
+        curl -sfN {url}/generate -H 'Content-Type: application/json' -d '{{"text": "Hello",
+          "stream": true, "sampling_params": {{"max_new_tokens": 16, "temperature": 0,
+          "ignore_eos": true}}}}' | grep '^data: {{' | tail -1 | cut -c7- > generate.json"""
     text = "name: t\ntasks:"
     previous = ""
     for name, spec in (
@@ -110,12 +116,7 @@ def served(sglang_cpu: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[
         last = f"bench_{name}"
         if name == "eagle3":
             text += bench("by_url", f"url: '{url}'") + "\n    needs: [bench_eagle3]"
-            text += step(
-                "samples",
-                "shell",
-                "bench_by_url",
-                f'{{command: "curl -sf {url}/server_info > server_info.json && {sample}"}}',
-            )
+            text += samples
             last = "samples"
         text += step(f"stop_{name}", "server.stop", last, f"{{server: launch_{name}}}")
         previous = f"stop_{name}"
@@ -215,8 +216,10 @@ def test_sglangs_processes_outlive_a_killed_orch_and_end_with_the_next_run(
     orch = start_orch("run", plan, cwd=tmp_path)
     try:
         wait_for(lambda: pd.status_of("hold") == "in_progress", timeout=300, what="the launch")
-        pids = marked_processes(tmp_path)
-        assert len(pids) == 4, pids
+        # setproctitle writes the scheduler's and detokenizer's titles over their environment:
+        # two of the four carry orch's marker, all four are in the server's session.
+        pids = session_members([int(str(findings(plan, "launch_base")["pid"]))])
+        assert len(pids) == 4 and len(marked_processes(tmp_path)) == 2, pids
         os.killpg(orch.pid, signal.SIGKILL)
         orch.communicate()
         assert all(pid_alive(p) for p in pids)
@@ -265,6 +268,7 @@ def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path
         assert args["model_path"] == plan.vars["model_path"] and args["tp_size"] == 8
         assert args["enable_metrics"] is True and args["mem_fraction_static"] == 0.85
         assert args["max_running_requests"] == plan.vars["max_running_requests"]
+        assert args["cuda_graph_max_bs_decode"] == plan.vars["cuda_graph_max_bs"]
         if params.speculative:
             assert args["speculative_algorithm"] == "EAGLE3"
             assert args["speculative_num_steps"] == 3 and args["speculative_num_draft_tokens"] == 4
