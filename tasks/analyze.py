@@ -322,8 +322,11 @@ class Spec(BaseModel):
     output_tokens: int | None = None
     correct_drafts: int | None = None
     proposed_drafts: int | None = None
+    engine_accept_length: float | None = Field(
+        None, description="SGLang's own: output tokens / verify passes (the first token too)"
+    )
     engine_accept_rate: float | None = Field(
-        None, description="the engine's own rate beside orch's (SGLang: correct/proposed drafts)"
+        None, description="SGLang's own: correct / proposed drafts"
     )
     source: str | None = Field(None, description="where the counts were read")
 

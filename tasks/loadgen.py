@@ -721,8 +721,7 @@ def vllm_acceptance(before: dict[str, float], after: dict[str, float]) -> dict[s
 
 
 def sglang_acceptance(outcomes: list[Outcome], k: int | None) -> dict[str, Any] | None:
-    """A window's acceptance from SGLang's per-request counts, summed (read_chunk): tau =
-    output tokens / verify passes, SGLang's own spec_accept_length made token-weighted."""
+    """A window's acceptance from SGLang's per-request counts (read_chunk), summed."""
     ok = [o for o in outcomes if o.ok]
     return sglang_spec(
         sum(o.verify_ct for o in ok),
@@ -736,19 +735,26 @@ def sglang_acceptance(outcomes: list[Outcome], k: int | None) -> dict[str, Any] 
 def sglang_spec(
     verify: int, tokens: int, correct: int, proposed: int, k: int | None
 ) -> dict[str, Any] | None:
-    """tau and the strict rate on orch's definition (acceptance), with SGLang's own rate,
-    correct / proposed drafts, beside it: the two differ by the first token, which a prefill
-    makes, not a verify pass (SGLang counts it in spec_accept_length)."""
+    """tau = 1 + accepted drafts per verify pass, as vLLM's counters give it, where SGLang
+    reports its draft counts; its own accept length beside it (`engine_accept_length`, output
+    tokens / verify passes, SGLang's spec_accept_length made token-weighted), which also counts
+    each answer's first token, made by the prefill, not a verify pass: higher by requests /
+    verify passes. Where an older SGLang gives no draft counts, that is tau."""
     if verify <= 0 or not k:
         return None
-    found = acceptance(tokens / verify, k)
-    found.update(verify_passes=verify, output_tokens=tokens)
-    if proposed > 0:
-        found.update(
-            correct_drafts=correct,
-            proposed_drafts=proposed,
-            engine_accept_rate=round(correct / proposed, 4),
-        )
+    if proposed <= 0:
+        found = acceptance(tokens / verify, k)
+        found.update(verify_passes=verify, output_tokens=tokens)
+        return found
+    found = acceptance(1 + correct / verify, proposed / verify)
+    found.update(
+        verify_passes=verify,
+        output_tokens=tokens,
+        correct_drafts=correct,
+        proposed_drafts=proposed,
+        engine_accept_length=round(tokens / verify, 4),
+        engine_accept_rate=round(correct / proposed, 4),
+    )
     return found
 
 
@@ -1055,8 +1061,8 @@ class BenchServe(Task[BenchParams]):
             ctx.finding(f"{c}.achieved_concurrency", round(lv["achieved_concurrency"], 2))
             if spec := lv.get("spec"):  # this level's own: its windows' counts, summed
                 note = f"tau with k={spec['draft_tokens']}; strict rate {spec['acceptance']:.1%}"
-                if "engine_accept_rate" in spec:
-                    note += f" (the engine's own: {spec['engine_accept_rate']:.1%})"
+                if "engine_accept_length" in spec:
+                    note += f"; SGLang's accept length {spec['engine_accept_length']:.3g}"
                 ctx.finding(f"{c}.accept_length", round(spec["accept_length"], 3), note=note)
             if graphs := lv.get("above_cuda_graph_max_bs"):
                 ctx.finding(

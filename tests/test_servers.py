@@ -217,7 +217,7 @@ def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
     assert vllm_acceptance(before, before) is None  # no drafts: speculation was off
 
 
-def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
+def test_sglang_meta_info_gives_acceptance_from_its_draft_counts() -> None:
     """Shapes as a real SGLang sends them (tests/sglang_shapes.py, checked against one by
     tests/test_sglang.py)."""
     out, state = Outcome(ok=False), {}
@@ -237,11 +237,16 @@ def test_sglang_meta_info_chunks_give_tau_token_weighted() -> None:
     )
     got = sglang_acceptance([out, other], k=3)
     assert got is not None
-    assert got["accept_length"] == pytest.approx(356 / 200)  # not the mean of 1.65 and 2.22
-    assert got["acceptance"] == pytest.approx((356 / 200 - 1) / 3)
-    # SGLang's own rate beside it: drafts accepted / proposed, summed, not averaged.
+    # 1 + accepted drafts per verify pass, summed over requests (not the mean of each's).
+    assert got["accept_length"] == pytest.approx(1 + 130 / 200)
+    assert got["acceptance"] == pytest.approx(130 / 600)
     assert got["engine_accept_rate"] == pytest.approx(130 / 600, abs=1e-4)
     assert (got["correct_drafts"], got["proposed_drafts"]) == (130, 600)
+    # SGLang's own accept length counts each answer's first token (the prefill's) too.
+    assert got["engine_accept_length"] == pytest.approx(356 / 200, abs=1e-4)
+    # An SGLang that reports no draft counts: tau from output tokens / verify passes.
+    bare = sglang_acceptance([Outcome(ok=True, output_tokens=356, verify_ct=200)], k=3)
+    assert bare is not None and bare["accept_length"] == pytest.approx(356 / 200)
     failed = Outcome(
         ok=False, output_tokens=50, verify_ct=40, correct_drafts=9, proposed_drafts=120
     )

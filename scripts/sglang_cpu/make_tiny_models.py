@@ -25,7 +25,6 @@ import sys
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "vllm_cpu"))
 
 import torch  # noqa: E402
-import torchvision_ops  # noqa: E402, F401  (before transformers imports torchvision)
 from make_tiny_models import llama, tokenizer  # noqa: E402
 from safetensors.torch import save_file  # noqa: E402
 

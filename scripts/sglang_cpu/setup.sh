@@ -21,7 +21,8 @@
 #
 # torch==2.13.0+cpu comes from pip's find-links on these machines, as for scripts/vllm_cpu/.
 # torchvision is the registry's CUDA build, installed without its deps: SGLang imports it, and
-# sglang_cli.py lets it import with its ops absent (the reason is written there).
+# torchvision_ops.py, installed into the venv, lets it import with its ops absent (the reason
+# is written there).
 # Building the kernels needs a C++ compiler, cmake and libnuma-dev (apt-get, as root).
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -41,7 +42,7 @@ ready() {
     "$S/venv/bin/python" - "$VERSION" <<'EOF' 2>/dev/null
 import importlib.metadata as m, sys
 assert m.version("sglang-cpu") == sys.argv[1]
-import sgl_kernel, torch  # noqa: F401, E401
+import sgl_kernel, sglang, torch, torchvision  # noqa: F401, E401  (torchvision_ops.pth)
 assert hasattr(torch.ops.sgl_kernel, "extend_attention_cpu")
 EOF
 }
@@ -80,6 +81,9 @@ if ! ready; then
         "$S/venv/bin/pip" wheel -q --no-build-isolation --no-deps -w "$S/wheels" "$kernels" \
             2>&1 | grep -v "^WARNING: Location" || true
     fi
+    site=$("$S/venv/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    cp "$HERE/torchvision_ops.py" "$site/"
+    echo "import torchvision_ops; torchvision_ops.install()" > "$site/torchvision_ops.pth"
     "$S/venv/bin/pip" install -q --no-deps "$S/wheels"/sglang_kernel_cpu-*.whl 2>&1 \
         | grep -v "^WARNING: Location" || true
     cp "$S/src/python/pyproject_cpu.toml" "$S/src/python/pyproject.toml"

@@ -1,7 +1,6 @@
 """SGLang's server for this CPU test machine: `python sglang_cli.py --model-path M ...`.
 
-The same as `python -m sglang.launch_server ...`, on a machine with no GPU and no CPU build of
-torchvision (torchvision_ops.py), with one knob for the test fixtures.
+The same as `python -m sglang.launch_server ...`, with one knob for the test fixtures.
 
 SGLANG_CLI_FORCE_AMX=1 answers SGLang's AMX check (torch.cpu._is_amx_tile_supported, read by
 sglang/srt/utils/common.py cpu_has_amx_support) with yes. SGLang serves speculative decoding on
@@ -20,7 +19,6 @@ import os
 import sys
 
 import torch
-import torchvision_ops  # noqa: F401  (before SGLang imports torchvision)
 
 if os.environ.get("SGLANG_CLI_FORCE_AMX") == "1":
     torch.cpu._is_amx_tile_supported = lambda: True
