@@ -1,10 +1,12 @@
 """Do two runs of the rehearsal give the same answer? The rehearsal N times, verdicts compared.
 
     scripts/vllm_cpu/setup.sh && python bench/bench_rehearsal.py [--runs 5] [--var K=V ...]
+    python bench/bench_rehearsal.py --plan plans/rehearsal_sglang.yaml   # SGLang's (setup.sh)
 
-Each run starts the "production" vLLM (scripts/vllm_cpu/serve.sh), runs `orch run
-plans/rehearsal.yaml` with a fresh store, and reads analyze's findings: each candidate's
-outcome at each concurrency (win, even, loss, inconclusive) and its speed-up. It prints one
+Each run starts the "production" vLLM (scripts/vllm_cpu/serve.sh), runs `orch run PLAN` with a
+fresh store, and reads every analysis's findings: each candidate's outcome at each
+concurrency (win, even, loss, inconclusive) and its speed-up. After the run it counts the
+engine processes left (none should be). It prints one
 verdict table per run with its wall time, then the judgement: a (candidate, concurrency)
 level that is a win in one run and a loss in another is a FLIP (the failure this bench
 exists to catch); a level with the same win or loss in every run is decisive.
@@ -30,7 +32,7 @@ OUTCOMES = (("wins_at", "win"), ("even_at", "even"), ("loses_at", "loss"))
 Levels = dict[tuple[str, int], tuple[str, str]]  # (candidate, concurrency) -> outcome, figure
 
 
-def one_run(work: Path, extra: list[str]) -> tuple[float, Levels, dict[str, str], int]:
+def one_run(work: Path, plan: Path, extra: list[str]) -> tuple[float, Levels, dict[str, str], int]:
     """One rehearsal with a fresh store: wall time, outcomes per level, verdicts, exit code."""
     production_port, port = free_port(), free_port()
     log = (work / f"production-{production_port}.log").open("w")
@@ -48,7 +50,7 @@ def one_run(work: Path, extra: list[str]) -> tuple[float, Levels, dict[str, str]
             [
                 str(ORCH),
                 "run",
-                str(ROOT / "plans/rehearsal.yaml"),
+                str(plan),
                 "-q",
                 "--store",
                 str(store),
@@ -75,8 +77,12 @@ def one_run(work: Path, extra: list[str]) -> tuple[float, Levels, dict[str, str]
         text=True,
         check=True,
     )
-    tasks = {t["id"]: t for t in json.loads(board.stdout)["tasks"]}
-    found = {f["key"]: f for f in tasks.get("analyze", {}).get("findings", [])}
+    found = {
+        f["key"]: f
+        for t in json.loads(board.stdout)["tasks"]
+        if any(f["key"].endswith(".verdict") for f in t["findings"])  # an analyze.compare
+        for f in t["findings"]
+    }
     levels: Levels = {}
     verdicts = {}
     for key, f in found.items():
@@ -91,10 +97,24 @@ def one_run(work: Path, extra: list[str]) -> tuple[float, Levels, dict[str, str]
     return wall, levels, verdicts, rc
 
 
+def engines_left() -> int:
+    """Processes of a vLLM or SGLang server still alive (the rehearsal stops every one)."""
+    names = ("vllm_cli.py", "sglang_cli.py", "sglang::", "EngineCore")
+    left = 0
+    for entry in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        left += entry.isdigit() and any(n in cmdline for n in names)
+    return left
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--var", action="append", default=[], help="passed to orch run")
+    ap.add_argument("--plan", type=Path, default=ROOT / "plans/rehearsal.yaml")
     args = ap.parse_args()
     if not (SERVERS / "models/.done").exists():
         sys.exit("run scripts/vllm_cpu/setup.sh first")
@@ -103,9 +123,13 @@ def main() -> None:
     runs = []
     try:
         for number in range(1, args.runs + 1):
-            runs.append(one_run(work, extra))
+            runs.append(one_run(work, args.plan.resolve(), extra))
             wall, levels, verdicts, rc = runs[-1]
-            print(f"## run {number}: {wall:.0f} s, exit {rc}", flush=True)
+            left = engines_left()
+            print(
+                f"## run {number}: {wall:.0f} s, exit {rc}, engine processes left: {left}",
+                flush=True,
+            )
             for (name, c), (outcome, figure) in sorted(levels.items()):
                 print(f"  {name:8} c={c:<3} {outcome:13} {figure}", flush=True)
             for name, text in sorted(verdicts.items()):
