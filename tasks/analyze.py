@@ -813,6 +813,8 @@ class Verdict:
     verdict: str = ""
     pays: bool = False
     base_cap: int | None = None  # the baseline server's max_running_requests
+    # Another engine, no speculation: the comparison is of engines (a win is "faster").
+    engine_change: bool = False
 
     @property
     def capped(self) -> bool:
@@ -1060,6 +1062,8 @@ def compare(
         draft_cost,
     )
     v.base_cap = base.server.max_running_requests
+    engines = (base.server.engine, cand.server.engine)
+    v.engine_change = cand.spec is None and None not in engines and engines[0] != engines[1]
     v.break_even = _break_even(v, bpts)
     v.problems = measurement_problems(v, base)
     v.notes = _notes(v, base)
@@ -1312,8 +1316,9 @@ def _levels_text(v: Verdict) -> str:
             for m in ms
         )
         return f"inconclusive {where}: {why}"
+    wins = "faster" if v.engine_change else "speculation pays"
     return {
-        "win": f"speculation pays {where}: {figure}",
+        "win": f"{wins} {where}: {figure}",
         "even": f"no speed-up: even {where}: {figure}",
         "loss": f"loses {where}: {figure}",
     }[outcome]
@@ -1562,8 +1567,10 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
     peak = max(bpts, key=lambda p: p.tok_s, default=None)
     noise = verdicts[0].noise if verdicts else 0.03
     tolerance = verdicts[0].tolerance if verdicts else 0.1
+    changes = verdicts and all(v.engine_change for v in verdicts)
+    what = "the engines" if changes else "speculative decoding"
     out = [
-        f"# {task_id}: speculative decoding against the baseline",
+        f"# {task_id}: {what} against the baseline",
         "",
         f"Baseline **{base.label or 'baseline'}**"
         + (

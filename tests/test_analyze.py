@@ -1055,3 +1055,26 @@ def test_bench_serve_results_are_read_as_written(pdir: PlanDir) -> None:
     md = Path(str(f["report"])).read_text()
     assert "- **baseline** (base): run #1, task base, at " in md
     assert "- **cand** (cand): run #1, task cand, at " in md
+
+
+def test_another_engine_without_speculation_is_faster_not_paid_and_its_hosts_are_named() -> None:
+    """analyze_engines in plans/rehearsal_sglang.yaml: vLLM against SGLang, same model."""
+    host = {"cpu": "AMD EPYC", "cpus": 2, "gpus": "none seen"}
+    base = _result(
+        {
+            "server": {"engine": "vllm"},
+            "host": host,
+            "levels": [_lv(1, 300, 297, 303), _lv(4, 1000, 990, 1010)],
+        }
+    )
+    sglang = {
+        "server": {"engine": "sglang"},
+        "host": {**host, "cpu": "Intel Xeon"},
+        "levels": [_lv(1, 750, 740, 760), _lv(4, 2400, 2380, 2420)],
+    }
+    v = compare("sglang", _result(sglang), base)
+    assert v.verdict.startswith("faster at every concurrency measured (1, 4): 2.4-2.5x")
+    assert "measured on different hosts (cpu 'AMD EPYC' vs 'Intel Xeon')" in v.notes
+    assert "# a: the engines against the baseline" in render("a", base, [v])
+    speculative = {**sglang, "spec": {"draft_tokens": 3, "accept_length": 3.5}}
+    assert compare("eagle", _result(speculative), base).verdict.startswith("speculation pays")
