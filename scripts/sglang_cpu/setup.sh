@@ -2,8 +2,8 @@
 # A real SGLang server on a CPU machine, the migration's target engine, for the tests and
 # plans/rehearsal_sglang.yaml: SGLang's Python package and its CPU kernels (sgl_kernel), both
 # from one commit, into DIR/sglang/venv; three tiny models into DIR/sglang/models.
-# Usage: scripts/sglang_cpu/setup.sh [DIR]   (default .servers; ~6 min and 4 GB the first time
-# on 2 cores, seconds when it is there). Never part of orch's own dependencies.
+# Usage: scripts/sglang_cpu/setup.sh [DIR]   (default .servers; 4.5 min and 2.7 GB the first
+# time on 2 cores, 5 s when it is there). Never part of orch's own dependencies.
 #
 # The source: SGLang's main repository is too large to be fetched on these machines, so a fork
 # of it pinned by commit (SGLANG_GIT: a git URL or a local repository holding that commit): its
