@@ -406,8 +406,9 @@ time.sleep(300)' &"""
 def test_a_process_that_wrote_over_its_environment_is_found_by_its_session(
     tmp_path: Path,
 ) -> None:
-    """Marker level: no cgroup to hold it, and no marker left to find it by; it is still in
-    the session its jail's first process leads, also once that process is gone."""
+    """No cgroup to hold it, and no marker left to find it by; it is still in the session its
+    jail's first process leads, also once that process is gone. (A cgroup jail whose cgroup
+    was never made: the marker level would also adopt this test process's other children.)"""
     marker = ("ORCH_SERVER", f"erase@{os.getpid()}")
     leader = subprocess.Popen(
         ["sh", "-c", ERASE_ENVIRON + "\nexec sleep 300"],
@@ -419,12 +420,12 @@ def test_a_process_that_wrote_over_its_environment_is_found_by_its_session(
         wait_for(lambda: (tmp_path / "P").exists() and (tmp_path / "P").read_text() != "")
         erased = int((tmp_path / "P").read_text())
         wait_for(lambda: marked(marker) == [leader.pid], what="the child's environment erased")
-        box = Jail(marker, "marker", leader.pid)
+        box = Jail(marker, "cgroup", leader.pid)
         assert sorted(box.members()) == sorted([leader.pid, erased])
-        assert erased in Jail(marker, "marker").members()  # the marked leader's session
+        assert erased in Jail(marker, "cgroup").members()  # the marked leader's session
         leader.kill()
         leader.wait()
-        assert Jail(marker, "marker").members() == []  # no marked process left to lead
+        assert Jail(marker, "cgroup").members() == []  # no marked process left to lead
         assert box.members() == [erased]  # the session of a leader that is gone
         assert box.end(1.0) == [erased] and not pid_alive(erased)
     finally:
