@@ -61,9 +61,9 @@ def launch(name: str, port: int, spec: str = "") -> str:
       port: {port}
       max_running_requests: 8
       extra_args: [--device, cpu, --max-total-tokens, "16384"]
-      # SGLang's caches (torch inductor's) in the test's folder, not the user's ~/.cache.
+      # SGLang's caches (torch inductor's) beside its build, not in the user's ~/.cache.
       env: {{SGLANG_USE_CPU_ENGINE: "1", HF_HUB_OFFLINE: "1", SGLANG_CLI_FORCE_AMX: "1",
-            SGLANG_CACHE_DIR: sglang-cache}}
+            SGLANG_CACHE_DIR: "{SGLANG}/cache"}}
       ready_timeout: 4m
       progress_every: 5s{spec}"""
 
