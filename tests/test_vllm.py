@@ -55,9 +55,11 @@ def server(name: str, port: int, draft: str | None = None) -> str:
       port: {port}
       max_running_requests: 8
       extra_args: [--dtype, float32, --max-model-len, 512, --enforce-eager]
+      # The engine on CPU 1, the API process and the client on CPU 0, as the rehearsal runs
+      # them: apart, the API process streams each token as it is made (scripts/vllm_cpu/).
       env:
         {{VLLM_CPU_KVCACHE_SPACE: "1", HF_HUB_OFFLINE: "1", VLLM_NO_USAGE_STATS: "1",
-         VLLM_CLI_ENGINE_NICE: "10"}}
+         VLLM_CLI_ENGINE_NICE: "10", VLLM_CLI_ENGINE_CPUS: "1", VLLM_CLI_API_CPUS: "0"}}
       ready_timeout: 5m
       progress_every: 5s{spec}
   - id: bench_{name}
@@ -65,7 +67,7 @@ def server(name: str, port: int, draft: str | None = None) -> str:
     needs: [launch_{name}]
     params: {{server: launch_{name}, concurrency: [1, 4], requests: 8, warmup: 0,
              output_tokens: 32, input_words: 40, input_tokens: 24, min_windows: 1,
-             max_windows: 4}}
+             max_windows: 4, cpus: [0]}}
   - id: metrics_{name}
     kind: shell
     needs: [bench_{name}]
@@ -126,9 +128,13 @@ def test_the_sweep_measures_each_level_without_speculation(served: tuple[Path, P
         assert level["completed"] == 8 and level["errors"] == 0
         assert level["output_tokens"] == 8 * 32  # ignore_eos: every request runs to length
         assert level["input_tokens"] == 8 * 24  # cut by vLLM's own tokenizer, sent as ids
+        assert 0.8 * level["concurrency"] <= level["achieved_concurrency"] <= level["concurrency"]
+        if level["timing_unobserved"]:  # 2 cores: tokens that came in bursts are said, not timed
+            assert level["ttft"] == {} and level["tpot_ms"] is None
+            continue
         assert level["ttft"]["p50"] > 0 and level["tpot"]["mean"] > 0
         assert level["ttft"]["p99"] >= level["ttft"]["p50"]
-        assert 0.8 * level["concurrency"] <= level["achieved_concurrency"] <= level["concurrency"]
+    assert any(not level["timing_unobserved"] for level in result["levels"])
     assert "spec" not in result and "accept_length" not in got
     assert counters(root / "metrics_base.txt") == {}  # vLLM has no spec counters then
 
