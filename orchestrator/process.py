@@ -321,18 +321,8 @@ def _terminate(pids: list[int], grace: float, leader: subprocess.Popen[Any] | No
 
 def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]:
     """Live (non-zombie) pids whose process group is `pgid`."""
-    members = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        pid = int(entry)
-        stat = stat_fields(pid)
-        if stat is None or stat[2] == "Z" or int(stat[4]) != pgid:
-            continue
-        if marker is not None and not _has_marker(pid, marker):
-            continue
-        members.append(pid)
-    return members
+    members = _live_in(_PGRP, {pgid})
+    return members if marker is None else [pid for pid in members if _has_marker(pid, marker)]
 
 
 def session_members(sessions: Collection[int]) -> list[int]:
@@ -341,19 +331,28 @@ def session_members(sessions: Collection[int]) -> list[int]:
     A process that writes over its own environment loses the marker (setproctitle does, to
     make room for a longer title: SGLang's scheduler and detokenizer), but stays in the
     session it was started in unless it calls setsid itself."""
+    return _live_in(_SESSION, sessions)
+
+
+# Fields of stat_fields(): [pid, comm, state, ppid, pgrp, session, ...] (proc(5)).
+_PGRP, _SESSION = 4, 5
+
+
+def _live_in(field: int, ids: Collection[int]) -> list[int]:
+    """Live (non-zombie) pids whose stat `field` (process group, session) is one of `ids`."""
     return [
         int(entry)
         for entry in os.listdir("/proc")
         if entry.isdigit()
         and (stat := stat_fields(int(entry))) is not None
         and stat[2] not in ("Z", "X")
-        and int(stat[5]) in sessions
+        and int(stat[field]) in ids
     ]
 
 
 def session_of(pid: int) -> int | None:
     stat = stat_fields(pid)
-    return None if stat is None else int(stat[5])
+    return None if stat is None else int(stat[_SESSION])
 
 
 def marked(marker: tuple[str, str]) -> list[int]:

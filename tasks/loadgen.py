@@ -86,7 +86,9 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from orchestrator import Context, Duration, Finding, Task, TaskError
 from orchestrator.report import Section
 from probes import http
+from probes.nvml import NvmlUnavailable, snapshot
 from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate
+from tasks.servers import engine_settings
 from tasks.words import WORDS
 
 VLLM_SPEC = "vllm:spec_decode_"
@@ -813,8 +815,6 @@ def resolve_target(ctx: Context, p: BenchParams) -> Target:
         server = held
     url = (p.url or server["url"]).rstrip("/")
     if p.url is not None:  # no launch recorded what it is: the server says, where it can
-        from tasks.servers import engine_settings
-
         server = engine_settings(url)
     model = p.model or server.get("served_model")
     if model is None:
@@ -857,9 +857,6 @@ def unmeasured_acceptance(target: Target, algorithm: str | None) -> str | None:
 def host_fingerprint() -> dict[str, Any]:
     """Where the benchmark ran (its client; a launched server runs here too): the GPUs and
     driver NVML sees, and the CPU's model, so a result read later says what it was measured on."""
-
-    from probes.nvml import NvmlUnavailable, snapshot
-
     out: dict[str, Any] = {"cpu": _cpu_model(), "cpus": os.cpu_count()}
     found = snapshot(processes=False)
     if isinstance(found, NvmlUnavailable):

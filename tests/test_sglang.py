@@ -244,23 +244,15 @@ def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path
     """Every server.launch of plans/sglang_migration.yaml, rendered as orch renders it, parsed
     by the pinned SGLang's argument parser: a flag SGLang renamed or removed fails here."""
     from orchestrator.plan import load_plan
+    from orchestrator.templating import resolve
     from tasks.servers import LaunchParams, render
 
     plan = load_plan(ROOT / "plans" / "sglang_migration.yaml")
 
-    def with_vars(value: Any) -> Any:
-        if isinstance(value, dict):
-            return {k: with_vars(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [with_vars(v) for v in value]
-        if isinstance(value, str):
-            return re.sub(r"\$\{vars\.(\w+)\}", lambda m: str(plan.vars[m.group(1)]), value)
-        return value
-
     launches = [t for t in plan.tasks if t.spec.kind == "server.launch"]
     assert len(launches) == 4
     for task in launches:
-        params = LaunchParams(**with_vars(task.spec.params))
+        params = LaunchParams(**resolve(task.spec.params, lambda ref: plan.vars[ref.name]))
         argv = render(params)[len(params.launcher or []) :]
         parsed = subprocess.run(
             [str(SGLANG / "venv/bin/python"), "-c", PARSE, json.dumps(argv)],
