@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from orchestrator.executor import RunOptions, execute
-from orchestrator.plan import Plan, load_plan
-from orchestrator.store import runs_dir
+from orchestrator.plan.model.model import Plan, load_plan
+from orchestrator.run.loop import RunOptions, execute
+from orchestrator.store.db.db import runs_dir
 
 BENCH_DIR = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -58,8 +58,8 @@ import json, sys, time
 t0 = time.perf_counter()
 from pathlib import Path
 import orchestrator.cli
-from orchestrator.executor import RunOptions, execute
-from orchestrator.plan import load_plan
+from orchestrator.run.loop import RunOptions, execute
+from orchestrator.plan.model.model import load_plan
 t1 = time.perf_counter()
 plan = load_plan(Path(sys.argv[1]))
 t2 = time.perf_counter()
@@ -427,7 +427,7 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
     )
 
     # 2. Re-running the finished 1000-task chain (its store is complete from the loop above).
-    # Unchanged plan file: the store answers (orchestrator/finished.py). Edited file (a comment
+    # Unchanged plan file: the store answers (orchestrator/store/finished.py). Edited file (a comment
     # appended): the full path loads and validates the plan, then finds every task done.
     path, store = plans["chain", 1000], tmp / "chain1000.db"
     rerun = [ORCH, "run", str(path), "-q", "--store", str(store)]

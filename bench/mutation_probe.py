@@ -1,6 +1,6 @@
 """A small mutation runner: would the tests notice if this line were wrong?
 
-    python bench/mutation_probe.py orchestrator/lock.py tests/test_resume.py tests/test_x.py
+    python bench/mutation_probe.py orchestrator/store/lock.py tests/test_resume.py tests/test_x.py
 
 One mutation at a time is written into the module in place (restored in a `finally`), then the
 given test files run (`pytest -x -q -p no:cacheprovider`, a per-mutant timeout). A mutant the

@@ -10,36 +10,36 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # the real names for type checkers; at run time they load on first use
-    from .durations import parse_duration as parse_duration
-    from .errors import TaskError as TaskError
-    from .errors import TaskTimeout as TaskTimeout
-    from .findings import Finding as Finding
-    from .status import Status as Status
-    from .task import Argv as Argv
-    from .task import CheckResult as CheckResult
-    from .task import Context as Context
-    from .task import Duration as Duration
-    from .task import NoParams as NoParams
-    from .task import Pool as Pool
-    from .task import PoolUnavailable as PoolUnavailable
-    from .task import Precondition as Precondition
-    from .task import Task as Task
+    from orchestrator.core.durations import parse_duration as parse_duration
+    from orchestrator.core.errors import TaskError as TaskError
+    from orchestrator.core.errors import TaskTimeout as TaskTimeout
+    from orchestrator.core.findings import Finding as Finding
+    from orchestrator.core.status import Status as Status
+    from orchestrator.kinds.task import Argv as Argv
+    from orchestrator.kinds.task import CheckResult as CheckResult
+    from orchestrator.kinds.task import Context as Context
+    from orchestrator.kinds.task import Duration as Duration
+    from orchestrator.kinds.task import NoParams as NoParams
+    from orchestrator.kinds.task import Pool as Pool
+    from orchestrator.kinds.task import PoolUnavailable as PoolUnavailable
+    from orchestrator.kinds.task import Precondition as Precondition
+    from orchestrator.kinds.task import Task as Task
 
 _EXPORTS = {
-    "Task": "task",
-    "Precondition": "task",
-    "Context": "task",
-    "Finding": "findings",
-    "CheckResult": "task",
-    "NoParams": "task",
-    "Pool": "task",
-    "PoolUnavailable": "task",
-    "Duration": "task",
-    "Argv": "task",
-    "TaskError": "errors",
-    "TaskTimeout": "errors",
-    "Status": "status",
-    "parse_duration": "durations",
+    "Task": "kinds.task",
+    "Precondition": "kinds.task",
+    "Context": "kinds.task",
+    "Finding": "core.findings",
+    "CheckResult": "kinds.task",
+    "NoParams": "kinds.task",
+    "Pool": "kinds.task",
+    "PoolUnavailable": "kinds.task",
+    "Duration": "kinds.task",
+    "Argv": "kinds.task",
+    "TaskError": "core.errors",
+    "TaskTimeout": "core.errors",
+    "Status": "core.status",
+    "parse_duration": "core.durations",
 }
 __all__ = sorted(_EXPORTS)
 

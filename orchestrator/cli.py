@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
-from .errors import (
+from orchestrator.core.errors import (
     EXIT_INTERRUPTED,
     EXIT_OK,
     EXIT_USAGE,
@@ -29,8 +29,8 @@ from .errors import (
 if TYPE_CHECKING:
     import sqlite3
 
-    from .plan import Plan
-    from .store import Store
+    from orchestrator.plan.model import Plan
+    from orchestrator.store.db import Store
 
 STORE_HELP = "SQLite store (default: .orch/<plan name>.db beside the plan; env ORCH_STORE)."
 store_option = click.option(
@@ -68,8 +68,8 @@ def _vars_file_args(path: Path | None) -> tuple[str, ...]:
     plan and into the digest that says whether a finished plan has anything to do."""
     if path is None:
         return ()
-    from .files import not_a_file
-    from .yamlsource import load_yaml
+    from orchestrator.core.files import not_a_file
+    from orchestrator.plan.yamlsource import load_yaml
 
     if (what := not_a_file(path)) is not None:
         raise UsageError(f"--vars-file {path} is {what}, not a file")
@@ -115,7 +115,7 @@ class OrchGroup(click.Group):
             click.echo(f"orch: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:  # a full disk writing a log, say: the storage's fault, no bug
-            from .store import STORAGE_ERRNOS
+            from orchestrator.store.db import STORAGE_ERRNOS
 
             if exc.errno not in STORAGE_ERRNOS:
                 raise
@@ -222,7 +222,7 @@ def run(
       orch run plans/demo.yaml
       orch run plans/demo.yaml --rerun checksum --var size_mb=16
     """
-    from .finished import already_finished, guess_store, plan_digest
+    from orchestrator.store.finished import already_finished, guess_store, plan_digest
 
     _stoppable()
     digest = plan_digest(plan_file, var_args)
@@ -296,8 +296,8 @@ def approve(
     Example:
       orch approve plans/sglang_migration.yaml confirm_stop -m "maintenance window"
     """
-    from . import approvals
-    from .status import Status
+    from orchestrator.core.status import Status
+    from orchestrator.run import approvals
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
@@ -305,7 +305,7 @@ def approve(
     _check_gate(ran, task_id)  # before anything is written: a mistyped ID changes nothing
     store = _open_writable(path)  # approving before the first run is allowed
     try:
-        from .todos import ensure_plan
+        from orchestrator.run.todos import ensure_plan
 
         if store.todo(task_id) is None:
             ensure_plan(plan, store)
@@ -330,7 +330,7 @@ def _stoppable() -> None:
     """Ctrl-C, SIGTERM and SIGHUP end a run cleanly (exit 130), whatever the shell did."""
     import signal
 
-    from .errors import Interrupted
+    from orchestrator.core.errors import Interrupted
 
     def interrupt(signum: int, frame: object) -> None:
         raise Interrupted(signal.Signals(signum).name)
@@ -348,9 +348,9 @@ def _plan_as_run(plan: Plan, path: Path) -> Plan:
     nothing; a store that cannot be read adds nothing here (the open that follows says why)."""
     from contextlib import closing
 
-    from .plan import with_added
-    from .store import SQLITE_ERRORS, Store
-    from .todos import added_tasks
+    from orchestrator.plan.model import with_added
+    from orchestrator.run.todos import added_tasks
+    from orchestrator.store.db import SQLITE_ERRORS, Store
 
     if not path.exists():
         return plan
@@ -365,8 +365,8 @@ def _plan_as_run(plan: Plan, path: Path) -> Plan:
 def _check_gate(plan: Plan, task_id: str) -> None:
     """A usage error unless `task_id` is an approval gate of `plan` (the plan as run: see
     _plan_as_run), for `approve` and `--approve`."""
-    from .approvals import GATE_KIND
-    from .errors import did_you_mean
+    from orchestrator.core.errors import did_you_mean
+    from orchestrator.run.approvals import GATE_KIND
 
     task = plan.by_id.get(task_id)
     if task is None or task.spec.kind != GATE_KIND:
@@ -388,8 +388,8 @@ def _execute(
     """Load the plan, run it (the live board on a terminal), print the board, exit."""
     from contextlib import nullcontext
 
-    from .executor import RunOptions, execute
-    from .liveboard import LiveBoard, wanted
+    from orchestrator.run.loop import RunOptions, execute
+    from orchestrator.views.liveboard import LiveBoard, wanted
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
@@ -426,7 +426,7 @@ def _execute(
 def _storage_fault(path: Path, exc: OSError) -> str | None:
     """What an OSError that ended a run means, if the storage is to blame: the store or its
     logs removed under the run (a task's log gone), a full or failing disk. None: a bug."""
-    from .store import STORAGE_ERRNOS, lost_message, runs_dir
+    from orchestrator.store.db import STORAGE_ERRNOS, lost_message, runs_dir
 
     if not path.exists():
         return lost_message(path)
@@ -445,7 +445,7 @@ def _record_stop(path: Path, why: str) -> None:
     """After a storage fault stopped this run, try to close it and mark its task interrupted,
     so the board says why rather than "died"; where the store cannot take even that (still
     full, gone, read-only), the next run or status closes the run as crashed."""
-    from .store import Store
+    from orchestrator.store.db import Store
 
     try:
         store = Store.open(path, create=False)
@@ -503,8 +503,8 @@ def status(
     if var_args and not plan_file:
         raise UsageError("--var and --vars-file need PLAN: they change what is stale in it")
     if plan_file and not watch:  # the plan unchanged since the last run: the store answers
-        from .finished import guess_store, plan_digest
-        from .snapshot import cached_stale
+        from orchestrator.store.finished import guess_store, plan_digest
+        from orchestrator.views.snapshot import cached_stale
 
         digest, guess = plan_digest(plan_file, var_args), guess_store(plan_file, store_opt)
         stale = cached_stale(guess, digest) if digest and guess else None
@@ -531,7 +531,7 @@ def _store_despite(plan_file: Path, store_opt: str | None, exc: PlanError) -> Pa
     """The store of a plan that does not load (--store, ORCH_STORE, else the one its `name`
     gives, read by a pattern as `orch run` guesses it), with a warning that names the plan's
     problem; `exc` again when there is no such store."""
-    from .finished import guess_store
+    from orchestrator.store.finished import guess_store
 
     path = guess_store(plan_file, store_opt) if plan_file.is_file() else None
     if path is None or not path.exists():
@@ -554,7 +554,7 @@ def _show_status(
     stale: dict[str, Any] | None = None,
     stream: Any = None,
 ) -> None:
-    from .terminal import use_color
+    from orchestrator.core.terminal import use_color
 
     stream = stream or sys.stdout
     text, _ = _status_text(path, plan, as_json, todowrite, stale, use_color(stream))
@@ -570,8 +570,8 @@ def _status_text(
     color: bool,
 ) -> tuple[str, bool]:
     """The board (or its JSON) as text, and whether a run is going now."""
-    from . import board
-    from .snapshot import take
+    from orchestrator.views import board
+    from orchestrator.views.snapshot import take
 
     snap = take(path, plan, stale, warn=lambda text: click.echo(f"orch: {text}", err=True))
     if todowrite:
@@ -587,7 +587,7 @@ def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> Non
     pipe) until no run is going; Ctrl-C stops watching (exit 0)."""
     import time
 
-    from .terminal import use_color
+    from orchestrator.core.terminal import use_color
 
     tty, shown = sys.stdout.isatty(), None
     try:
@@ -644,7 +644,7 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
         )
     else:
         kinds = sorted({t.spec.kind for t in [*plan.tasks, *plan.guards]})
-        from .terminal import plural
+        from orchestrator.core.terminal import plural
 
         guards = f" (+ {len(plan.guards)} on_failure/finally)" if plan.guards else ""
         click.echo(
@@ -676,7 +676,7 @@ def plan_cmd(
     Example:
       orch plan plans/demo.yaml --rerun write_data
     """
-    from .dryrun import dry_run
+    from orchestrator.run.dryrun import dry_run
 
     plan = _load(plan_file, var_args)
     path = _store_path(store_opt, plan)
@@ -689,7 +689,7 @@ def plan_cmd(
     if as_json:
         click.echo(json.dumps({"plan": plan.name, "store": str(path), "steps": steps}, indent=2))
         return
-    from .terminal import clean  # reasons quote findings and what a check saw
+    from orchestrator.core.terminal import clean  # reasons quote findings and what a check saw
 
     id_w = max(len(s["id"]) for s in steps)
     for s in steps:
@@ -741,10 +741,10 @@ def logs(
     task_id = words[-1]
     import time
 
-    from .process import tail
-    from .status import Status
-    from .store import runs_dir
-    from .terminal import clean
+    from orchestrator.core.status import Status
+    from orchestrator.core.terminal import clean
+    from orchestrator.proc.process import tail
+    from orchestrator.store.db import runs_dir
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -850,8 +850,8 @@ def history(
       orch history plans/demo.yaml --task checksum
     """
     plan_file = plan_file or plan_opt
-    from .board import iso
-    from .terminal import clean
+    from orchestrator.core.terminal import clean
+    from orchestrator.views.board import iso
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -929,10 +929,10 @@ def _forget(
     why: str,
     confirm: bool = False,
 ) -> None:
-    from .errors import did_you_mean
-    from .finished import DIGEST_KEY
-    from .liveness import close_dead_runs, current_identity
-    from .lock import RunLock
+    from orchestrator.core.errors import did_you_mean
+    from orchestrator.store.finished import DIGEST_KEY
+    from orchestrator.store.liveness import close_dead_runs, current_identity
+    from orchestrator.store.lock import RunLock
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -954,7 +954,7 @@ def _forget(
     finally:
         lock.release()
         store.close()
-    from .terminal import plural
+    from orchestrator.core.terminal import plural
 
     click.echo(f"{plural(len(done), 'task')} forgotten in {path}: {', '.join(done) or '-'}")
 
@@ -1013,7 +1013,7 @@ def report(
       orch report plans/demo.yaml
       orch report plans/demo.yaml -o demo-report --json
     """
-    from .report import kind_sections, write_report
+    from orchestrator.views.report import kind_sections, write_report
 
     path = _store_path(store_opt, None, plan_file)
     store = _open_store(path)
@@ -1028,7 +1028,7 @@ def report(
     if as_json:
         click.echo(json.dumps({"report": str(page), "figures": [str(f) for f in figures]}))
     else:
-        from .terminal import plural
+        from orchestrator.core.terminal import plural
 
         click.echo(f"{page} ({plural(len(figures), 'figure')} beside it)")
 
@@ -1078,8 +1078,8 @@ def todo_add(
     var_args: tuple[str, ...],
 ) -> None:
     """Add task ID to PLAN's store."""
-    from . import todos
-    from .plan import parse_var
+    from orchestrator.plan.model import parse_var
+    from orchestrator.run import todos
 
     definition: dict[str, Any] = {"id": task_id, "priority": priority}
     if extra:
@@ -1125,7 +1125,7 @@ def todo_set(
 ) -> None:
     """Set the status of todo ID (one with no kind) to any status of the board: pending,
     in_progress, completed, skipped (or cancelled), failed, blocked, interrupted, waiting."""
-    from . import todos
+    from orchestrator.run import todos
 
     store = _open_writable(_store_path(store_opt, None, plan_file))
     try:
@@ -1141,7 +1141,7 @@ def todo_set(
 @store_option
 def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
     """Remove added task ID from the board (its history stays in the store)."""
-    from .todos import remove
+    from orchestrator.run.todos import remove
 
     store = _open_writable(_store_path(store_opt, None, plan_file))
     try:
@@ -1173,8 +1173,8 @@ def todo_note(
       orch todo note plans/demo.yaml checksum "the disk was nearly full"
       orch todo note plans/demo.yaml checksum --finding disk_free=3.2 --unit GiB
     """
-    from . import todos
-    from .plan import parse_var
+    from orchestrator.plan.model import parse_var
+    from orchestrator.run import todos
 
     key = value = None
     if finding is not None:
@@ -1192,7 +1192,7 @@ def todo_note(
 
 def _open_writable(path: Path) -> Store:
     """The store, made if there is none yet (a person's or agent's entry may come first)."""
-    from .store import Store
+    from orchestrator.store.db import Store
 
     return Store.open(path, create=True)
 
@@ -1217,9 +1217,9 @@ def events(
       orch events plans/demo.yaml -n 20
       orch events plans/demo.yaml --json -n 3
     """
-    from .events import follow as feed
-    from .events import format_event
-    from .terminal import clean
+    from orchestrator.core.terminal import clean
+    from orchestrator.views.events import follow as feed
+    from orchestrator.views.events import format_event
 
     path = _store_path(store_opt, None, plan_file)
     try:
@@ -1244,7 +1244,7 @@ def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]
     Example: an MCP host's configuration starts it
       {"command": "orch", "args": ["mcp", "plans/demo.yaml"]}
     """
-    from .mcpserver import serve
+    from orchestrator.agent.server import serve
 
     plan = _load(plan_file, var_args) if plan_file else None
     serve(plan, _store_path(store_opt, plan), plan_file, var_args)
@@ -1256,7 +1256,7 @@ def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]
 def _load(plan_file: Path, var_args: tuple[str, ...]) -> Plan:
     import gc
 
-    from .plan import load_plan, parse_var
+    from orchestrator.plan.model import load_plan, parse_var
 
     try:
         overrides = dict(parse_var(v) for v in var_args)
@@ -1281,7 +1281,7 @@ def _store_path(store_opt: str | None, plan: Plan | None, plan_file: Path | None
     if plan is not None:
         return plan.file.parent / ".orch" / f"{plan.name}.db"
     if plan_file is not None:
-        from .yamlsource import load_yaml
+        from orchestrator.plan.yamlsource import load_yaml
 
         data = load_yaml(plan_file).data
         name = data.get("name") if isinstance(data, dict) else None
@@ -1301,7 +1301,7 @@ def _task_row(store: Store, path: Path, task_id: str) -> sqlite3.Row:
     """The store's row of `task_id`; a usage error with a did-you-mean if it has none."""
     row = store.todo(task_id)
     if row is None:
-        from .errors import did_you_mean
+        from orchestrator.core.errors import did_you_mean
 
         known = [r["id"] for r in store.todos()]
         raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
@@ -1309,14 +1309,14 @@ def _task_row(store: Store, path: Path, task_id: str) -> sqlite3.Row:
 
 
 def _open_store(path: Path) -> Store:
-    from .store import Store
+    from orchestrator.store.db import Store
 
     return Store.open(path, create=False)
 
 
 def main() -> NoReturn:
     """Console entry point."""
-    from .umask import private_files
+    from orchestrator.core.umask import private_files
 
     private_files()  # the store, lock and logs are the user's alone (tasks keep their umask)
     try:

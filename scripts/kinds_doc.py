@@ -89,7 +89,7 @@ def render() -> str:
         "is current). What each kind does, step by step: [plan-format.md](plan-format.md).",
         "The column *a finding in it* says where `${tasks.ID.findings.KEY}` may go: a finding",
         "is whatever a task printed, so it never names the code that runs (a plugin kind says",
-        "which of its params do so with `code_params`; orchestrator/trust.py).",
+        "which of its params do so with `code_params`; orchestrator/plan/trust.py).",
         "",
     ]
     for title, group in (

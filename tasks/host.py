@@ -14,7 +14,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from orchestrator import CheckResult, Precondition
-from orchestrator.sizes import parse_size
+from orchestrator.core.sizes import parse_size
 from probes.procs import listeners
 
 

@@ -30,7 +30,7 @@ from packaging.utils import canonicalize_name
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from orchestrator import Context, Task, TaskError, TaskTimeout
-from orchestrator.task import as_list
+from orchestrator.kinds.task import as_list
 from tasks.host import default_import_name, probe_package
 
 PROBE_TIMEOUT = 600.0  # seconds for a probe when the task has no timeout (imports can be slow)

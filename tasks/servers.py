@@ -10,7 +10,7 @@ where there is a GPU), so a 10-minute load of a 547 GB model is visibly a load. 
 dies it stops at once with the log's tail. Once ready it records what the server resolved
 (SGLang: /server_info's max_running_requests and speculative settings; vLLM: max_model_len).
 
-The server outlives the task: it is held as a resource (orchestrator/resources.py) until
+The server outlives the task: it is held as a resource (orchestrator/run/leases.py) until
 `server.stop`, the end of the run, or the next run after a crash ends it.
 
 Supervisors: a transient systemd unit (`systemd-run --collect`, KillMode=mixed: SIGTERM to the
@@ -40,11 +40,11 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
-from orchestrator.containment import Jail, jail
-from orchestrator.process import is_alive, last_line, tail
-from orchestrator.stalls import StallPolicy, StallWatcher, act, evidence_path
-from orchestrator.terminal import plural
-from orchestrator.umask import user_umask
+from orchestrator.core.terminal import plural
+from orchestrator.core.umask import user_umask
+from orchestrator.proc.containment import Jail, jail
+from orchestrator.proc.process import is_alive, last_line, tail
+from orchestrator.proc.stalls import StallPolicy, StallWatcher, act, evidence_path
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml
 from probes.procs import listeners

@@ -25,8 +25,8 @@ from orchestrator import (
     TaskError,
     TaskTimeout,
 )
-from orchestrator.process import is_alive, process_start_time, terminate_pids
-from orchestrator.task import as_list
+from orchestrator.kinds.task import as_list
+from orchestrator.proc.process import is_alive, process_start_time, terminate_pids
 from probes.systemd import (
     STOPPED,
     SystemdUnavailable,

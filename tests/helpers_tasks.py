@@ -7,7 +7,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator import CheckResult, Context, Precondition, Task
-from orchestrator.findings import Finding
+from orchestrator.core.findings import Finding
 
 
 def measure(ctx: Context, tokens: int) -> dict[str, float]:

@@ -18,7 +18,7 @@ import pytest
 from pydantic import ValidationError
 
 from orchestrator import Context, TaskError
-from orchestrator.findings import Finding
+from orchestrator.core.findings import Finding
 from tasks.analyze import (
     CompareParams,
     Result,

@@ -15,16 +15,16 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import cli
-from orchestrator.errors import PlanError
-from orchestrator.findings import (
+from orchestrator.core.errors import PlanError
+from orchestrator.core.findings import (
     MAX_FINDING_LINE,
     REJECTED_KEY,
     Finding,
     parse_finding_line,
     split_words,
 )
-from orchestrator.plan import MAX_WHEN_DEPTH, load_plan
-from orchestrator.yamlsource import MAX_DEPTH, MAX_PLAN_BYTES, MAX_SCALAR_CHARS
+from orchestrator.plan.model.model import MAX_WHEN_DEPTH, load_plan
+from orchestrator.plan.model.yamlsource import MAX_DEPTH, MAX_PLAN_BYTES, MAX_SCALAR_CHARS
 
 from conftest import ORCH
 

@@ -473,7 +473,7 @@ def test_terminal_width_is_what_shutil_says_on_a_terminal_and_off_it(columns: st
     import termios
 
     code = (
-        "import shutil; from orchestrator.terminal import terminal_width;"
+        "import shutil; from orchestrator.core.terminal import terminal_width;"
         "print(terminal_width(), shutil.get_terminal_size((100, 24)).columns)"
     )
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.containment import Jail, cgroup2_mount, detect
-from orchestrator.executor import PROCESS_MARKER, store_tag
-from orchestrator.process import LogCap, marked, terminate_pids
+from orchestrator.proc.containment import Jail, cgroup2_mount, detect
+from orchestrator.proc.process import LogCap, marked, terminate_pids
+from orchestrator.run.loop import PROCESS_MARKER, store_tag
 
 from conftest import ORCH, PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sandbox import Sandbox, remove, start
@@ -354,7 +354,7 @@ def sandbox() -> Iterator[Sandbox]:
 def _alive_in(sb: Sandbox, pid: int) -> bool:
     """`pid` is alive in the sandbox's PID namespace."""
     r = sb.python(
-        "import sys\nfrom orchestrator.process import is_alive\n"
+        "import sys\nfrom orchestrator.proc.process import is_alive\n"
         "sys.exit(0 if is_alive(int(sys.argv[1])) else 1)",
         str(pid),
     )

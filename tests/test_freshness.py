@@ -1,4 +1,4 @@
-"""A board never shows a result built on superseded inputs (orchestrator/selection.py,
+"""A board never shows a result built on superseded inputs (orchestrator/run/selection.py,
 `Freshness` and `Owed`): a done task behind what it needs is stale, and a `--rerun` cut short
 is finished by the next run. Through the real `orch`, a real stub server (tests/openai_stub.py)
 and a real SIGKILL."""
@@ -14,7 +14,7 @@ from hypothesis import example, given
 from hypothesis import strategies as st
 from test_revival import attempts, bench, dry, launch, stop
 
-from orchestrator.selection import Owed
+from orchestrator.run.selection import Owed
 
 from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 from test_servers import findings, no_server_left

@@ -15,11 +15,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.builtins import ShellTask
-from orchestrator.errors import TemplateError
-from orchestrator.executor import Runner
-from orchestrator.templating import INERT_MAX, Ref, inert_word, is_inert
-from orchestrator.terminal import clean
+from orchestrator.core.errors import TemplateError
+from orchestrator.core.terminal import clean
+from orchestrator.kinds.builtins import ShellTask
+from orchestrator.plan.model.templating import INERT_MAX, Ref, inert_word, is_inert
+from orchestrator.run.loop import Runner
 
 from conftest import ORCH, PlanDir, run_orch
 

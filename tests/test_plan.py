@@ -21,12 +21,19 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from orchestrator.builtins import _alarm
 from orchestrator.cli import cli
-from orchestrator.durations import parse_duration
-from orchestrator.errors import PlanError, PlanIssue, TaskTimeout, TemplateError
-from orchestrator.plan import Plan, load_plan, parse_var, what_changed
-from orchestrator.templating import Ref, compile_when, evaluate_when, iter_refs, parse_ref, resolve
+from orchestrator.core.durations import parse_duration
+from orchestrator.core.errors import PlanError, PlanIssue, TaskTimeout, TemplateError
+from orchestrator.kinds.builtins import _alarm
+from orchestrator.plan.model.model import Plan, load_plan, parse_var, what_changed
+from orchestrator.plan.model.templating import (
+    Ref,
+    compile_when,
+    evaluate_when,
+    iter_refs,
+    parse_ref,
+    resolve,
+)
 
 ORCH = Path(sys.executable).parent / "orch"  # the console script of this very venv
 

@@ -9,8 +9,8 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.errors import PlanError
-from orchestrator.plan import load_plan
+from orchestrator.core.errors import PlanError
+from orchestrator.plan.model.model import load_plan
 
 from conftest import ORCH
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.findings import Finding
-from orchestrator.report import attempts_of
+from orchestrator.core.findings import Finding
+from orchestrator.views.report import attempts_of
 from tasks.loadgen import BenchServe
 
 from browser import blankness, check_page

@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 from test_report import bench_doc, level
 
-import orchestrator.report as report
+import orchestrator.views.report as report
 import tasks.benchplots as benchplots
-from orchestrator.report import Attempt, kind_sections, timeline, write_report
-from orchestrator.store import Store
+from orchestrator.store.db.db import Store
+from orchestrator.views.report import Attempt, kind_sections, timeline, write_report
 from tasks.benchplots import bench_figures
 
 from conftest import PlanDir, run_orch

@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_report import bench_doc
 
-from orchestrator.findings import Finding
-from orchestrator.report import Section, markdown_html, write_report
-from orchestrator.store import Store
+from orchestrator.core.findings import Finding
+from orchestrator.store.db.db import Store
+from orchestrator.views.report import Section, markdown_html, write_report
 
 import browser
 from conftest import PlanDir, run_orch

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.findings import Finding
-from orchestrator.report import Section, board_after, board_now, write_report
-from orchestrator.store import Store
+from orchestrator.core.findings import Finding
+from orchestrator.store.db.db import Store
+from orchestrator.views.report import Section, board_after, board_now, write_report
 
 from conftest import PlanDir, run_orch
 

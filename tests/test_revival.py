@@ -1,5 +1,5 @@
 """Servers come back when a task needs them, and are stopped again after: revival of a held
-resource and the `--rerun` rule (orchestrator/selection.py), through the real `orch` and a real
+resource and the `--rerun` rule (orchestrator/run/selection.py), through the real `orch` and a real
 HTTP server process (tests/openai_stub.py)."""
 
 from __future__ import annotations

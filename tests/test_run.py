@@ -493,7 +493,7 @@ def test_fast_path_is_not_taken_after_a_failure(pdir: PlanDir) -> None:
 
 def test_finding_line_forms() -> None:
     """`::finding` lines: numbers stay numbers, quoted or unquoted notes, unit anywhere."""
-    from orchestrator.findings import Finding, parse_finding_line
+    from orchestrator.core.findings import Finding, parse_finding_line
 
     assert parse_finding_line("::finding tok_s=63.6 unit=tok/s note=single stream") == Finding(
         "tok_s", 63.6, "tok/s", "single stream"

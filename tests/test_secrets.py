@@ -37,7 +37,7 @@ PLAN = """\
 
 def everything_orch_wrote(pdir: PlanDir) -> str:
     """The store's every value (all tables) and every other file orch wrote, as one text: the
-    task logs whole, what the tasks' own processes printed included (orchestrator/redact.py)."""
+    task logs whole, what the tasks' own processes printed included (orchestrator/core/redact.py)."""
     with sqlite3.connect(pdir.store_path()) as conn:
         dump = "\n".join(conn.iterdump())
     texts = [dump]

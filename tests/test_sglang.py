@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.process import session_members
+from orchestrator.proc.process import session_members
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sglang_shapes import GENERATE_FINAL_CHUNK, SERVER_INFO, missing
@@ -243,8 +243,8 @@ def test_sglangs_processes_outlive_a_killed_orch_and_end_with_the_next_run(
 def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path) -> None:
     """Every server.launch of plans/sglang_migration.yaml, rendered as orch renders it, parsed
     by the pinned SGLang's argument parser: a flag SGLang renamed or removed fails here."""
-    from orchestrator.plan import load_plan
-    from orchestrator.templating import resolve
+    from orchestrator.plan.model.model import load_plan
+    from orchestrator.plan.model.templating import resolve
     from tasks.servers import LaunchParams, render
 
     plan = load_plan(ROOT / "plans" / "sglang_migration.yaml")

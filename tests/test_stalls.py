@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.errors import PlanError
-from orchestrator.plan import load_plan
-from orchestrator.process import run_process
-from orchestrator.stalls import StallPolicy, StallReport, StallWatcher, load_probes, top_frame
+from orchestrator.core.errors import PlanError
+from orchestrator.plan.model.model import load_plan
+from orchestrator.proc.process import run_process
+from orchestrator.proc.stalls import StallPolicy, StallReport, StallWatcher, load_probes, top_frame
 
 from conftest import PlanDir, free_port, pid_alive, run_orch
 
@@ -147,7 +147,7 @@ def test_without_py_spy_the_evidence_says_why(
 ) -> None:
     """Where py-spy cannot dump (missing here; no ptrace elsewhere), the stall is still reported
     and the evidence says why there is no stack."""
-    monkeypatch.setattr("orchestrator.stalls.py_spy", lambda: None)
+    monkeypatch.setattr("orchestrator.proc.stalls.py_spy", lambda: None)
     reports, _ = watched(tmp_path, script(tmp_path, "sleeper.py", SLEEPER, 2.5), 1.0)
     assert len(reports) == 1
     assert "no stack (py-spy is not installed" in reports[0].summary

@@ -24,10 +24,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import cli
-from orchestrator.errors import StoreError
-from orchestrator.findings import Finding
-from orchestrator.status import Status
-from orchestrator.store import Store, TodoSpec
+from orchestrator.core.errors import StoreError
+from orchestrator.core.findings import Finding
+from orchestrator.core.status import Status
+from orchestrator.store.db.db import Store, TodoSpec
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 

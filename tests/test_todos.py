@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.store import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
+from orchestrator.store.db.db import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -273,8 +273,8 @@ def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from orchestrator.plan import load_plan\n"
-        "from orchestrator.store import Store\n"
+        "from orchestrator.plan.model.model import load_plan\n"
+        "from orchestrator.store.db.db import Store\n"
         "from orchestrator import todos\n"
         "plan = load_plan(Path(sys.argv[1]))\n"
         "for i in range(25):\n"
@@ -339,8 +339,8 @@ def test_any_todowrite_list_merges_or_is_refused_and_the_board_stays_one_list(
     exactly one board task, plan tasks keep their status, and sending the board's own list
     back changes nothing."""
     from orchestrator import board, todos
-    from orchestrator.errors import UsageError
-    from orchestrator.store import Store, TodoSpec
+    from orchestrator.core.errors import UsageError
+    from orchestrator.store.db.db import Store, TodoSpec
 
     path = tmp_path / f"s{time.monotonic_ns()}.db"
     store = Store.open(path)
@@ -377,7 +377,7 @@ def test_todo_set_help_names_every_status_it_takes() -> None:
     from click.testing import CliRunner
 
     from orchestrator.cli import cli
-    from orchestrator.todos import STATUS_WORDS
+    from orchestrator.run.todos import STATUS_WORDS
 
     shown = CliRunner().invoke(cli, ["todo", "set", "--help"]).output
     assert [w for w in STATUS_WORDS if w not in shown] == []

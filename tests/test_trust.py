@@ -1,4 +1,4 @@
-"""A finding never chooses what runs (orchestrator/trust.py): the params that name code refuse
+"""A finding never chooses what runs (orchestrator/plan/trust.py): the params that name code refuse
 `${tasks.ID.findings.KEY}` at load, with the line, and at run time; shell text takes a finding
 as an argument, never as the command."""
 
@@ -11,8 +11,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from orchestrator import registry
-from orchestrator.templating import Ref
-from orchestrator.trust import CODE_ENV, choosing_code, command_findings
+from orchestrator.plan.model.templating import Ref
+from orchestrator.plan.model.trust import CODE_ENV, choosing_code, command_findings
 
 from conftest import PlanDir, run_orch
 

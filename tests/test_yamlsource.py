@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator import yamlsource
-from orchestrator.errors import PlanError, PlanIssue
-from orchestrator.yamlsource import Located, Path_, check_bounds, parse_yaml
+from orchestrator.core.errors import PlanError, PlanIssue
+from orchestrator.plan.model.yamlsource import Located, Path_, check_bounds, parse_yaml
 
 # --- the oracle: loading as it was, through yaml's nodes ----------------------------------------
 

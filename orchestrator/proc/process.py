@@ -1,0 +1,460 @@
+"""Subprocesses in their own process group, output to a log file, ended as a group.
+
+Why a group per task: `bash -c "a | b &"` and inference servers fork; killing only the main pid
+leaves workers holding GPU memory (shared/notes/inference-servers.md: SIGKILL to the vLLM main
+process left 2.2 GB of workers running). Why the output goes straight to a file, not a pipe:
+if the orchestrator dies, the child can still write and never blocks on a full pipe. Except
+while a secret is registered (redact.py): then it goes through a pipe that a thread of orch
+reads and writes to the file masked (`_Pump`), since no later reader can mask what it does not
+know; a child that outlives a killed orch then meets a closed pipe, and the next run ends it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import shlex
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from orchestrator.core.durations import format_seconds
+from orchestrator.core.errors import TaskError, TaskTimeout
+from orchestrator.core.redact import Masker, active, mask
+from orchestrator.core.umask import user_umask
+
+if TYPE_CHECKING:
+    from orchestrator.proc.stalls import StallPolicy, StallReport
+
+PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
+LOG_LIMIT = 64 * 1024 * 1024  # default cap on one process's output in its task log
+LOG_CHECK_EVERY = 0.2  # seconds between checks of the log's size while a process runs
+
+
+@dataclass(frozen=True)
+class ProcessResult:
+    returncode: int
+    log_path: Path
+    log_offset: int  # where this process's output starts in the log
+
+    def lines(self) -> Iterator[str]:
+        with self.log_path.open("rb") as f:
+            f.seek(self.log_offset)
+            for raw in f:
+                yield raw.decode("utf-8", "replace").rstrip("\r\n")
+
+    def describe(self) -> str:
+        if self.returncode < 0:
+            return f"signal {signal.Signals(-self.returncode).name}"
+        return f"exit code {self.returncode}"
+
+
+def run_process(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: str | Path | None = None,
+    deadline: float | None = None,
+    timeout: float | None = None,
+    grace: float = 10.0,
+    on_start: Callable[[int, float], None] | None = None,
+    on_wait: Callable[[str], None] | None = None,
+    log_limit: int | None = LOG_LIMIT,
+    jail_by: str = "ORCH_TASK",
+    stall: StallPolicy | None = None,
+    on_stall: Callable[[StallReport], None] | None = None,
+) -> ProcessResult:
+    """Run argv to completion; when it ends, on deadline or any exception (Ctrl-C) end every
+    process it started: its group, and its jail (containment.py) when `env` carries `jail_by`.
+
+    `timeout` (the task's, of which `deadline` is the end) names it in the timeout's message.
+    The log keeps at most about `log_limit` bytes of this process's output (see LogCap). With
+    `stall`, a process tree that makes no progress for `stall.after` seconds is reported to
+    `on_stall` (stalls.py), then waited on, or ended with TaskStalled, as `stall.action` says."""
+    from orchestrator.proc.containment import jail  # containment builds on this module
+
+    if cwd is not None and not Path(cwd).is_dir():  # the plan's mistake, said so: no traceback
+        what = "is not a folder" if Path(cwd).exists() else "does not exist"
+        raise TaskError(f"cwd {mask(str(cwd))!r} {what}")
+    full_env = {**os.environ, **(env or {})}
+    box = jail((jail_by, full_env[jail_by])) if jail_by in full_env else None
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    # A Ctrl-C or SIGTERM that lands while the child is being forked, before `proc` is known
+    # to the `try` below, would leave it running: they are held until that `try` is entered.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        with log_path.open("ab") as log:
+            log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
+            log.flush()  # before the child writes to the same file
+            offset = log.tell()
+            started = time.monotonic()
+            masked = active()  # a secret to keep out of the file: through orch (_Pump)
+            proc = subprocess.Popen(
+                box.wrap(argv) if box else list(argv),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE if masked else log,
+                stderr=subprocess.STDOUT,
+                env=full_env,
+                cwd=cwd,
+                start_new_session=True,  # own session => own process group, no terminal SIGINT
+                preexec_fn=_child_setup(held, box.prepare() if box else None),
+                umask=user_umask(),
+            )
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    pump = _Pump(proc.stdout, log_path) if proc.stdout is not None else None
+
+    def end() -> None:
+        terminate_group(proc.pid, grace, proc)
+        if box is not None:
+            box.end(grace, proc)
+
+    cap = LogCap(log_path, offset, log_limit) if log_limit is not None else None
+    watch = None
+    if stall is not None:
+        from orchestrator.proc.stalls import StallWatcher, evidence_path
+
+        def members() -> list[int]:
+            return box.members() if box is not None else group_members(proc.pid)
+
+        watch = StallWatcher(stall, members, log_path, offset, evidence_path(log_path))
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised here
+        if on_start is not None:
+            on_start(proc.pid, process_start_time(proc.pid) or 0.0)
+        next_note = started + PROGRESS_EVERY
+        while True:
+            now = time.monotonic()
+            wait_for = min(next_note - now, LOG_CHECK_EVERY if cap or watch else PROGRESS_EVERY)
+            if deadline is not None:
+                wait_for = min(wait_for, deadline - now)
+            try:
+                proc.wait(timeout=max(wait_for, 0.0))
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            if cap is not None:
+                cap.check()
+            if watch is not None and (report := watch.check()) is not None:
+                _stalled(report, on_stall)
+                watch.rebase()
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                end()
+                # The task's timeout, not the process's own time: the deadline was set as the
+                # task began, before the spawn (under load `after 199ms` of a 200ms timeout).
+                took = timeout if timeout is not None else now - started
+                raise TaskTimeout(f"timed out after {format_seconds(took)}; its processes ended")
+            if on_wait is not None and now >= next_note:
+                on_wait(f"running for {now - started:.0f}s: {last_line(log_path, offset)}")
+                next_note = now + PROGRESS_EVERY
+        # The leader is done; helpers it left behind must not outlive the task.
+        end()
+    except BaseException:
+        end()
+        raise
+    finally:
+        if pump is not None:
+            pump.close()
+        if cap is not None:
+            cap.check()
+        if watch is not None:
+            watch.close()
+    return ProcessResult(proc.returncode, log_path, offset)
+
+
+class _Pump:
+    """A child's output read by a thread and appended to its log with every secret masked,
+    however the reads cut it (redact.Masker)."""
+
+    def __init__(self, source: IO[bytes], log_path: Path) -> None:
+        self.source, self.masker = source, Masker()
+        self.log = log_path.open("ab", buffering=0)
+        self.ended = threading.Event()
+        self.thread = threading.Thread(target=self.pump, name="orch-output", daemon=True)
+        self.thread.start()
+
+    def pump(self) -> None:
+        fd = self.source.fileno()
+        try:
+            while True:
+                ready, _, _ = select.select([fd], [], [], 0.1)
+                if not ready:
+                    if (
+                        self.ended.is_set()
+                    ):  # the group is gone; an escaped writer is not waited for
+                        break
+                    continue
+                if not (data := os.read(fd, 65536)):
+                    break
+                self.log.write(self.masker.feed(data))
+        finally:
+            self.log.write(self.masker.close())
+
+    def close(self) -> None:
+        """After the processes ended: what is left in the pipe is written, then it is closed."""
+        self.ended.set()
+        self.thread.join()
+        self.log.close()
+        self.source.close()
+
+
+def _stalled(report: StallReport, on_stall: Callable[[StallReport], None] | None) -> None:
+    """Record a stall, then act on it: TaskStalled (ending the processes) unless `wait`."""
+    from orchestrator.proc.stalls import act
+
+    if on_stall is not None:
+        on_stall(report)
+    act(report)
+
+
+def _child_setup(
+    mask_before: set[int | signal.Signals], then: Callable[[], None] | None
+) -> Callable[[], None]:
+    """What the child runs between fork and exec: the signal mask it would have had (a fork
+    inherits the parent's, held signals included), then the jail's own step."""
+
+    def setup() -> None:  # plain syscalls only
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask_before)
+        if then is not None:
+            then()
+
+    return setup
+
+
+class LogCap:
+    """Keep a process's log at about `limit` bytes: its first half, a note, its latest output.
+
+    The child writes straight to the file (O_APPEND, see the module docstring), so orch cuts
+    it while it waits: once the output passes `limit`, the file is truncated back to the head
+    and a fixed-width note, and the child's next writes land after the note. A child never
+    blocks and is never signalled for its output; if orch dies the cap is no longer enforced.
+    Between two checks (LOG_CHECK_EVERY) the file can grow past the cap by what the child
+    writes meanwhile; what is cut is gone, findings printed in it included.
+    """
+
+    NOTE = "\n[orch: log cut at {limit}; {dropped:>20} bytes dropped here]\n"
+
+    def __init__(self, path: Path, offset: int, limit: int) -> None:
+        self.path, self.limit = path, max(limit, 1024)
+        self.head_end = offset + self.limit // 2  # where the note goes
+        self.dropped = 0
+
+    def note(self) -> bytes:
+        mib = f"{self.limit / 1048576:g} MiB"
+        return self.NOTE.format(limit=mib, dropped=self.dropped).encode()
+
+    def check(self) -> None:
+        try:
+            size = self.path.stat().st_size
+        except OSError:
+            return
+        if size <= self.head_end + self.limit // 2 + len(self.note()):
+            return
+        tail_start = size - self.limit // 4  # keep the latest quarter after the note
+        with self.path.open("r+b") as f:
+            body_start = self.head_end + (len(self.note()) if self.dropped else 0)
+            f.seek(tail_start)
+            latest = f.read(size - tail_start)
+            self.dropped += tail_start - body_start
+            f.seek(self.head_end)
+            f.write(self.note())
+            f.write(latest)
+            f.truncate()
+
+
+def terminate_group(
+    pgid: int,
+    grace: float,
+    leader: subprocess.Popen[Any] | None = None,
+    marker: tuple[str, str] | None = None,
+) -> list[int]:
+    """SIGTERM every live process of group `pgid`, SIGKILL what remains after `grace` seconds.
+
+    With `marker` (an environment NAME, VALUE) only processes carrying it are signalled: a
+    process group id recorded by a dead run may since have been reused by someone else.
+    Returns the pids that were signalled.
+    """
+    return terminate_pids(group_members(pgid, marker), grace, leader)
+
+
+def terminate_pids(
+    pids: list[int], grace: float, leader: subprocess.Popen[Any] | None = None
+) -> list[int]:
+    """SIGTERM `pids`, wait up to `grace` seconds for them to go, then SIGKILL the rest.
+
+    Ctrl-C and SIGTERM to orch are held back meanwhile (and delivered after): a second Ctrl-C
+    during the grace period must not leave the group half-ended.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        return _terminate(pids, grace, leader)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+
+
+def _terminate(pids: list[int], grace: float, leader: subprocess.Popen[Any] | None) -> list[int]:
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+        end = time.monotonic() + (grace if sig == signal.SIGTERM else 5.0)
+        while time.monotonic() < end:
+            if leader is not None:
+                leader.poll()  # reap the leader so it does not linger as a zombie
+            if not any(is_alive(pid) for pid in pids):
+                return pids
+            time.sleep(0.02)
+    return pids
+
+
+def group_members(pgid: int, marker: tuple[str, str] | None = None) -> list[int]:
+    """Live (non-zombie) pids whose process group is `pgid`."""
+    members = _live_in(_PGRP, {pgid})
+    return members if marker is None else [pid for pid in members if _has_marker(pid, marker)]
+
+
+def session_members(sessions: Collection[int]) -> list[int]:
+    """Live pids whose session is one of `sessions` (a session is named by its leader's pid).
+
+    A process that writes over its own environment loses the marker (setproctitle does, to
+    make room for a longer title: SGLang's scheduler and detokenizer), but stays in the
+    session it was started in unless it calls setsid itself."""
+    return _live_in(_SESSION, sessions)
+
+
+# Fields of stat_fields(): [pid, comm, state, ppid, pgrp, session, ...] (proc(5)).
+_PGRP, _SESSION = 4, 5
+
+
+def _live_in(field: int, ids: Collection[int]) -> list[int]:
+    """Live (non-zombie) pids whose stat `field` (process group, session) is one of `ids`."""
+    return [
+        int(entry)
+        for entry in os.listdir("/proc")
+        if entry.isdigit()
+        and (stat := stat_fields(int(entry))) is not None
+        and stat[2] not in ("Z", "X")
+        and int(stat[field]) in ids
+    ]
+
+
+def session_of(pid: int) -> int | None:
+    stat = stat_fields(pid)
+    return None if stat is None else int(stat[_SESSION])
+
+
+def marked(marker: tuple[str, str]) -> list[int]:
+    """Live pids anywhere on the host whose environment carries `marker` (NAME, VALUE).
+
+    Children inherit the environment, so this finds every process a server spawned however it
+    was spawned: in its group or out of it (`setsid`, a daemonizing double fork, vLLM's
+    EngineCore and workers). Only a process that clears its own environment escapes it.
+    """
+    return [
+        pid
+        for entry in os.listdir("/proc")
+        if entry.isdigit()  # environ first: rarer
+        if _has_marker(pid := int(entry), marker) and is_alive(pid)
+    ]
+
+
+def terminate_marked(
+    marker: tuple[str, str], grace: float, leader: subprocess.Popen[Any] | None = None
+) -> list[int]:
+    """End every process carrying `marker`, scanning again until none is left: a process
+    forked while the first ones were ending (a worker respawned) is caught by the next scan.
+    Returns every pid signalled; a process that will not die is the caller's to report."""
+    ended: list[int] = []
+    for _ in range(5):
+        if not (pids := [pid for pid in marked(marker) if pid != os.getpid()]):
+            break
+        ended += terminate_pids(pids, grace if not ended else min(grace, 2.0), leader)
+    return sorted(set(ended))
+
+
+def is_alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    stat = stat_fields(pid)
+    return stat is not None and stat[2] not in ("Z", "X")
+
+
+def stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/PID/stat, with the command name (which may hold spaces) as one field."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except OSError:
+        return None
+    head, _, tail = raw.rpartition(")")
+    pid_part, _, comm = head.partition(" (")
+    return [pid_part, comm, *tail.split()]
+
+
+def _has_marker(pid: int, marker: tuple[str, str]) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read().split(b"\0")
+    except OSError:
+        return False
+    return f"{marker[0]}={marker[1]}".encode() in env
+
+
+def process_start_time(pid: int) -> float | None:
+    """When `pid` started, in seconds since boot (exact, from /proc), or None if it is gone.
+
+    With the pid and the boot id this identifies a process: a reused pid starts later.
+    """
+    stat = stat_fields(pid)
+    if stat is None:
+        return None
+    return int(stat[21]) / os.sysconf("SC_CLK_TCK")
+
+
+def boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return "unknown"
+
+
+def last_line(path: Path, offset: int = 0, limit: int = 200) -> str:
+    """The last non-empty line of a log, cut to `limit` characters."""
+    lines = tail(path, 1, offset)
+    return lines[-1][:limit] if lines else "(no output yet)"
+
+
+def tail(path: Path, count: int, offset: int = 0) -> list[str]:
+    """The last `count` non-empty lines of a log after `offset`, reading only its end."""
+    try:
+        with path.open("rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            start = max(offset, size - 64 * 1024)
+            f.seek(start)
+            data = f.read()
+    except OSError:
+        return []
+    lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-count:]
+
+
+def raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> None:
+    """`exc` raised in the thread `thread_id` at its next Python instruction (how Ctrl-C and a
+    timeout reach a task's thread, where no signal can be handled); None clears one set there
+    and not yet raised."""
+    import ctypes  # only for tasks in threads: not on every start
+
+    pending = ctypes.py_object(exc) if exc is not None else ctypes.c_void_p(0)
+    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)

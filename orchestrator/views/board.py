@@ -1,0 +1,314 @@
+"""The todo board and its machine-readable forms (--json, --format todowrite).
+
+Reads plain rows; imports nothing heavy, so `orch status` starts fast.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from orchestrator.core.durations import format_duration
+from orchestrator.core.findings import Finding
+from orchestrator.core.guards import note as guard_text
+from orchestrator.core.redact import MASK
+from orchestrator.core.status import TODOWRITE, Status
+from orchestrator.core.terminal import clean, plural, terminal_width
+
+STATUS_SCHEMA = "orch.status/v1"
+
+MARKS = {
+    Status.COMPLETED: ("✓", "32"),
+    Status.FAILED: ("✗", "31"),
+    Status.IN_PROGRESS: ("▶", "36"),
+    Status.PENDING: ("○", "2"),
+    Status.SKIPPED: ("–", "2"),
+    Status.BLOCKED: ("⊘", "33"),
+    Status.INTERRUPTED: ("!", "35"),
+    Status.WAITING: ("?", "33;1"),  # an approval gate: a person's turn
+}
+PRIORITY = {"high": "high", "medium": "med", "low": "low"}
+
+
+class Painter:
+    """ANSI colour when wanted; plain text under NO_COLOR or when not a terminal."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+
+    def __call__(self, text: str, code: str) -> str:
+        return f"\x1b[{code}m{text}\x1b[0m" if self.enabled and text else text
+
+
+def iso(ts: float | None) -> str | None:
+    return (
+        None
+        if ts is None
+        else datetime.fromtimestamp(ts).astimezone().isoformat(timespec="seconds")
+    )
+
+
+def duration_of(row: sqlite3.Row) -> float | None:
+    """Seconds the latest attempt took; None while it runs or if it never ran."""
+    if row["started_at"] is None or row["ended_at"] is None:
+        return None
+    return max(0.0, float(row["ended_at"] - row["started_at"]))
+
+
+def summarize(findings: Sequence[Finding]) -> str:
+    """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
+    parts = []
+    for f in findings:
+        by = f"{f.author}: " if f.author else ""  # recorded by an agent or a person
+        if f.author and f.key == "note":
+            parts.append(f"{by}{f.value}")
+            continue
+        if isinstance(f.value, bool):
+            value = "true" if f.value else "false"
+        else:
+            value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
+        text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
+        parts.append(by + (f"{text} ({f.note})" if f.note else text))
+    return ", ".join(parts)
+
+
+# The summary line's order: what is done, then what needs attention, then what waits.
+SUMMARY_ORDER = (
+    Status.COMPLETED,
+    Status.SKIPPED,
+    Status.IN_PROGRESS,
+    Status.FAILED,
+    Status.BLOCKED,
+    Status.INTERRUPTED,
+    Status.WAITING,
+    Status.PENDING,
+)
+
+
+def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
+    out = {str(s): 0 for s in SUMMARY_ORDER}
+    for r in rows:
+        out[r["status"]] += 1
+    return out
+
+
+def render_board(
+    plan_name: str,
+    store_path: str,
+    rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]],
+    run: sqlite3.Row | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+    color: bool = False,
+    width: int | None = None,
+) -> str:
+    paint = Painter(color)
+    width = width or terminal_width()
+    stale = stale or {}
+    lines = [paint(_headline(plan_name, store_path, run, rows), "1")]
+    id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
+    title_w = min(
+        max((len(r["title"]) + 2 * (added(r) or bool(role(r))) for r in rows), default=5), 36
+    )
+    for r in rows:
+        status = Status(r["status"])
+        mark, code = MARKS[status]
+        took = format_duration(duration_of(r))
+        if status is Status.IN_PROGRESS and r["started_at"]:  # how long it has been running
+            took = format_duration(time.time() - r["started_at"]) + "…"
+        tries = f"{r['run_attempts']}×" if r["run_attempts"] > 1 else ""  # in its latest run
+        if status.done and r["id"] in stale:  # a skip's `when` reason may no longer hold
+            extra = "stale: " + "; ".join(stale[r["id"]])
+        elif status in (Status.COMPLETED, Status.IN_PROGRESS):
+            extra = summarize(findings.get(r["id"], [])) or (r["reason"] if not r["kind"] else "")
+        else:  # why it is not done; else what someone noted on it
+            extra = r["reason"] or summarize(findings.get(r["id"], []))
+        title = f"+ {r['title']}" if added(r) else r["title"]
+        if role(r):  # a compensation or a `finally` task: not part of the plan's flow
+            title = f"↺ {r['title']}"
+            if status is Status.PENDING:  # what it waits to do: its status says nothing
+                extra = guard_text(r["role"], r["protects"], r["armed_run"])
+        head = (
+            f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
+            f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
+        )
+        line = head + _fit(extra, max(width - len(head), 10))
+        lines.append(paint(line[:3], code) + line[3:])
+    total = counts(rows)
+    parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
+    lines.append(f"{plural(len(rows), 'task')}: " + " · ".join(parts) if rows else "no tasks")
+    if by := sorted({r["origin"] for r in rows if added(r)}):
+        lines.append(f"+ added by {' or '.join(by)}, not in the plan file (orch todo)")
+    for r in rows:
+        if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
+            error = clean(r["last_error"], multiline=False)
+            lines.append(paint(f"{r['id']} {r['status']}: {error}", "31"))
+            lines += [
+                f"    | {ln}"[:width] for ln in clean(r["output_tail"] or "").splitlines()[-8:]
+            ]
+            if r["log_path"]:
+                lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
+    ran = (run["plan_file"], run["argv"]) if run is not None else (None, None)
+    for r in rows:  # what to type, whole: the gate's reason above is cut to the width
+        if r["status"] == Status.WAITING:
+            lines.append(
+                paint(f"{r['id']} waits for approval: {approve_command(r['id'], *ran)}", "33")
+            )
+    return "\n".join(lines)
+
+
+# The options of the run that `orch approve` needs as well: the same vars make the same plan
+# (the approval is of its hash), the same store is where the approval goes.
+SAME_OPTIONS = ("--var", "--vars-file", "--store")
+
+
+def approve_command(gate: str, plan_file: str | None, argv: str | None) -> str:
+    """`orch approve PLAN GATE`: the plan file as the run was given it, with the run's --var,
+    --vars-file and --store options from its (masked) command line `argv`; a secret var's
+    value, masked there, is named by a caveat instead."""
+    import shlex  # only for a waiting gate: not on every `orch status`
+
+    try:
+        words = shlex.split(argv or "")
+    except ValueError:
+        words = []
+    same: list[str] = []
+    secret = False
+    rest = iter(words)
+    for word in rest:
+        name, eq, given = word.partition("=")
+        if name in SAME_OPTIONS and (value := given if eq else next(rest, None)) is not None:
+            if MASK in value:
+                secret = True
+            else:
+                same += [name, value]
+    command = shlex.join(["orch", "approve", plan_file or "PLAN", gate, *same])
+    return command + (" (and the run's secret --var values)" if secret else "")
+
+
+def role(row: sqlite3.Row) -> str | None:
+    """A compensation's or `finally` task's role; None for a step of the plan. (An older store
+    has the column too: opening it upgrades it, and a read-only one is refused.)"""
+    return row["role"]  # type: ignore[no-any-return]
+
+
+def added(row: sqlite3.Row) -> bool:
+    """Put on the board by an agent or `orch todo add`, not declared by the plan file."""
+    return bool(row["origin"] and row["origin"] != "plan")
+
+
+def _headline(
+    plan_name: str, store_path: str, run: sqlite3.Row | None, rows: Sequence[sqlite3.Row]
+) -> str:
+    if run is None:
+        return f"{plan_name} · never run · {store_path}"
+    started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M")
+    if run["ended_at"] is None:
+        state = f"running since {started} (pid {run['pid']})"
+    else:
+        took = format_duration(run["ended_at"] - run["started_at"])
+        state = f"{run['outcome']} {started} ({took})"
+        # `orch reset` / `orch forget` since: the run's outcome no longer describes the board.
+        forgotten = sum(
+            1
+            for r in rows
+            if r["status"] == Status.PENDING
+            and r["attempts"]  # it ran once: pending again is forgotten, not new
+            and (r["updated_at"] or 0) > run["ended_at"]
+        )
+        if forgotten:
+            state += f", then {plural(forgotten, 'task')} forgotten"
+    return f"{plan_name} · run #{run['id']} {state} · {store_path}"
+
+
+def _fit(text: str, width: int) -> str:
+    text = str(text)
+    # Values from processes: no escape sequences, one line. Plain text (the common case: ids,
+    # titles) is already that; skipping the work keeps a 1000-task board fast.
+    plain = text.isascii() and text.isprintable() and "  " not in text and text == text.strip()
+    if not plain:
+        text = " ".join(clean(text).split())
+    return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
+
+
+def status_json(
+    plan_name: str,
+    store_path: str,
+    rows: Sequence[sqlite3.Row],
+    findings: Mapping[str, list[Finding]],
+    run: sqlite3.Row | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """The documented `orch status --json` object (schema orch.status/v1, see docs/design.md)."""
+    stale = stale or {}
+    return {
+        "schema": STATUS_SCHEMA,
+        "plan": plan_name,
+        "store": store_path,
+        "run": None
+        if run is None
+        else {
+            "id": run["id"],
+            "started_at": iso(run["started_at"]),
+            "ended_at": iso(run["ended_at"]),
+            "outcome": run["outcome"],
+            "pid": run["pid"],
+            "host": run["host"],
+        },
+        "summary": {"total": len(rows), **counts(rows)},
+        "tasks": [
+            {
+                "id": r["id"],
+                "title": r["title"],
+                "priority": r["priority"],
+                "kind": r["kind"],
+                "origin": r["origin"],
+                "status": r["status"],
+                "reason": r["reason"],
+                "attempts": r["attempts"],
+                "run_attempts": r["run_attempts"],
+                "started_at": iso(r["started_at"]),
+                "ended_at": iso(r["ended_at"]),
+                "duration_s": duration_of(r),
+                "last_error": r["last_error"],
+                "output_tail": r["output_tail"],
+                "log_path": r["log_path"],
+                "stale": list(stale[r["id"]]) if r["id"] in stale else None,
+                # A compensation (`on_failure`) or `finally` task: what it undoes, whether armed.
+                "role": role(r),
+                "protects": r["protects"] if role(r) else None,
+                "armed_run": r["armed_run"] if role(r) else None,
+                "findings": [
+                    {
+                        "key": f.key,
+                        "value": f.value,
+                        "unit": f.unit,
+                        "note": f.note,
+                        "author": f.author,
+                    }
+                    for f in findings.get(r["id"], [])
+                ],
+            }
+            for r in rows
+        ],
+    }
+
+
+def todowrite(rows: Sequence[sqlite3.Row], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
+    """The todowrite tool's input: {"todos": [{"content", "status", "priority"}]}; a task
+    that no plan file declares also has "added_by" (agent or person)."""
+    todos = []
+    for r in rows:
+        status = Status(r["status"])
+        note = summarize(findings.get(r["id"], []))
+        if status in (Status.FAILED, Status.BLOCKED, Status.INTERRUPTED):
+            note = f"{status}: {r['reason'] or r['last_error'] or ''}".rstrip(": ")
+        content = f"{r['title']} ({note})" if note else r["title"]
+        item = {"content": content, "status": TODOWRITE[status], "priority": r["priority"]}
+        if added(r):
+            item["added_by"] = r["origin"]
+        todos.append(item)
+    return {"todos": todos}
