@@ -18,7 +18,7 @@ sys.path.insert(0, str(ROOT))
 
 from orchestrator.core.errors import PlanError  # noqa: E402
 from orchestrator.core.findings import parse_finding_line  # noqa: E402
-from orchestrator.plan.model.model import load_plan  # noqa: E402
+from orchestrator.plan.model import load_plan  # noqa: E402
 
 TASK = 'tasks: [{id: a, kind: shell, params: {command: "true"}}]\n'
 

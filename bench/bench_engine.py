@@ -33,9 +33,9 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from orchestrator.plan.model.model import Plan, load_plan
+from orchestrator.plan.model import Plan, load_plan
 from orchestrator.run.loop import RunOptions, execute
-from orchestrator.store.db.db import runs_dir
+from orchestrator.store.db import runs_dir
 
 BENCH_DIR = Path(__file__).resolve().parent
 PYTHON = sys.executable
@@ -59,7 +59,7 @@ t0 = time.perf_counter()
 from pathlib import Path
 import orchestrator.cli
 from orchestrator.run.loop import RunOptions, execute
-from orchestrator.plan.model.model import load_plan
+from orchestrator.plan.model import load_plan
 t1 = time.perf_counter()
 plan = load_plan(Path(sys.argv[1]))
 t2 = time.perf_counter()

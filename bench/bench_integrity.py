@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.store.db.db import SCHEMA_VERSION, _invariant_queries  # noqa: E402
+from orchestrator.store.db import SCHEMA_VERSION, _invariant_queries  # noqa: E402
 
 ORCH = Path(sys.executable).parent / "orch"
 

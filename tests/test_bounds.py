@@ -23,7 +23,7 @@ from orchestrator.core.findings import (
     parse_finding_line,
     split_words,
 )
-from orchestrator.plan.model.model import MAX_WHEN_DEPTH, load_plan
+from orchestrator.plan.model import MAX_WHEN_DEPTH, load_plan
 from orchestrator.plan.model.yamlsource import MAX_DEPTH, MAX_PLAN_BYTES, MAX_SCALAR_CHARS
 
 from conftest import ORCH

@@ -10,7 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.errors import PlanError
-from orchestrator.plan.model.model import load_plan
+from orchestrator.plan.model import load_plan
 
 from conftest import ORCH
 

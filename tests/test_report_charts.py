@@ -12,7 +12,7 @@ from test_report import bench_doc, level
 
 import orchestrator.views.report as report
 import tasks.benchplots as benchplots
-from orchestrator.store.db.db import Store
+from orchestrator.store.db import Store
 from orchestrator.views.report import Attempt, kind_sections, timeline, write_report
 from tasks.benchplots import bench_figures
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from test_report import bench_doc
 
 from orchestrator.core.findings import Finding
-from orchestrator.store.db.db import Store
+from orchestrator.store.db import Store
 from orchestrator.views.report import Section, markdown_html, write_report
 
 import browser

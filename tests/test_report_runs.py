@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.findings import Finding
-from orchestrator.store.db.db import Store
+from orchestrator.store.db import Store
 from orchestrator.views.report import Section, board_after, board_now, write_report
 
 from conftest import PlanDir, run_orch

@@ -243,7 +243,7 @@ def test_sglangs_processes_outlive_a_killed_orch_and_end_with_the_next_run(
 def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path) -> None:
     """Every server.launch of plans/sglang_migration.yaml, rendered as orch renders it, parsed
     by the pinned SGLang's argument parser: a flag SGLang renamed or removed fails here."""
-    from orchestrator.plan.model.model import load_plan
+    from orchestrator.plan.model import load_plan
     from orchestrator.plan.model.templating import resolve
     from tasks.servers import LaunchParams, render
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.errors import PlanError
-from orchestrator.plan.model.model import load_plan
+from orchestrator.plan.model import load_plan
 from orchestrator.proc.process import run_process
 from orchestrator.proc.stalls import StallPolicy, StallReport, StallWatcher, load_probes, top_frame
 

@@ -27,7 +27,7 @@ from orchestrator.cli import cli
 from orchestrator.core.errors import StoreError
 from orchestrator.core.findings import Finding
 from orchestrator.core.status import Status
-from orchestrator.store.db.db import Store, TodoSpec
+from orchestrator.store.db import Store, TodoSpec
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 

@@ -13,7 +13,7 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.store.db.db import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
+from orchestrator.store.db import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -273,8 +273,8 @@ def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from orchestrator.plan.model.model import load_plan\n"
-        "from orchestrator.store.db.db import Store\n"
+        "from orchestrator.plan.model import load_plan\n"
+        "from orchestrator.store.db import Store\n"
         "from orchestrator import todos\n"
         "plan = load_plan(Path(sys.argv[1]))\n"
         "for i in range(25):\n"
@@ -340,7 +340,7 @@ def test_any_todowrite_list_merges_or_is_refused_and_the_board_stays_one_list(
     back changes nothing."""
     from orchestrator import board, todos
     from orchestrator.core.errors import UsageError
-    from orchestrator.store.db.db import Store, TodoSpec
+    from orchestrator.store.db import Store, TodoSpec
 
     path = tmp_path / f"s{time.monotonic_ns()}.db"
     store = Store.open(path)
