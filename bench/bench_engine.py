@@ -427,8 +427,8 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
     )
 
     # 2. Re-running the finished 1000-task chain (its store is complete from the loop above).
-    # Unchanged plan file: the store answers (orchestrator/store/finished.py). Edited file (a comment
-    # appended): the full path loads and validates the plan, then finds every task done.
+    # Unchanged plan file: the store answers (orchestrator/store/finished.py). Edited file (a
+    # comment appended): the full path loads and validates the plan, then finds every task done.
     path, store = plans["chain", 1000], tmp / "chain1000.db"
     rerun = [ORCH, "run", str(path), "-q", "--store", str(store)]
     passes, fasts, wholes, phases = [], [], [], []

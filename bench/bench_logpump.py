@@ -22,7 +22,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import redact  # noqa: E402
+from orchestrator.core import redact  # noqa: E402
 from orchestrator.proc.process import run_process  # noqa: E402
 
 

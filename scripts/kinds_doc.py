@@ -19,7 +19,7 @@ from pydantic_core import PydanticUndefined
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import registry  # noqa: E402
+from orchestrator.kinds import registry  # noqa: E402
 
 DOC = ROOT / "docs" / "kinds.md"
 

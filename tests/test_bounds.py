@@ -24,7 +24,7 @@ from orchestrator.core.findings import (
     split_words,
 )
 from orchestrator.plan.model import MAX_WHEN_DEPTH, load_plan
-from orchestrator.plan.model.yamlsource import MAX_DEPTH, MAX_PLAN_BYTES, MAX_SCALAR_CHARS
+from orchestrator.plan.yamlsource import MAX_DEPTH, MAX_PLAN_BYTES, MAX_SCALAR_CHARS
 
 from conftest import ORCH
 

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from orchestrator.core.errors import TemplateError
 from orchestrator.core.terminal import clean
 from orchestrator.kinds.builtins import ShellTask
-from orchestrator.plan.model.templating import INERT_MAX, Ref, inert_word, is_inert
+from orchestrator.plan.templating import INERT_MAX, Ref, inert_word, is_inert
 from orchestrator.run.loop import Runner
 
 from conftest import ORCH, PlanDir, run_orch

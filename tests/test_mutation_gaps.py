@@ -25,8 +25,8 @@ from orchestrator.core.findings import Finding
 from orchestrator.core.status import ALLOWED, Status
 from orchestrator.proc.process import boot_id, process_start_time
 from orchestrator.store.db import SCHEMA_VERSION, RunIdentity, Store, TodoSpec
-from orchestrator.store.db.liveness import close_dead_runs, current_identity, death_of
-from orchestrator.store.db.lock import RunLock
+from orchestrator.store.liveness import close_dead_runs, current_identity, death_of
+from orchestrator.store.lock import RunLock
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -35,7 +35,7 @@ from conftest import PlanDir, run_orch, start_orch, wait_for
 HOLDER = """
 import sys, time
 from pathlib import Path
-from orchestrator.store.db.lock import RunLock
+from orchestrator.store.lock import RunLock
 lock = RunLock(Path(sys.argv[1]))
 lock.acquire({"pid": %d, "host": "holder-host"})
 lock.note_run(5)

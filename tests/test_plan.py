@@ -26,7 +26,7 @@ from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import PlanError, PlanIssue, TaskTimeout, TemplateError
 from orchestrator.kinds.builtins import _alarm
 from orchestrator.plan.model import Plan, load_plan, parse_var, what_changed
-from orchestrator.plan.model.templating import (
+from orchestrator.plan.templating import (
     Ref,
     compile_when,
     evaluate_when,

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import executor
 from orchestrator.plan.model import load_plan
+from orchestrator.run import loop as executor
 
 from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
 
@@ -371,7 +371,7 @@ def test_task_left_in_progress_by_a_closed_run_is_recovered(pdir: PlanDir) -> No
     the store: the next run marks the task interrupted and runs it."""
     from orchestrator.core.status import Status
     from orchestrator.store.db import Store, TodoSpec
-    from orchestrator.store.db.liveness import current_identity
+    from orchestrator.store.liveness import current_identity
 
     plan = pdir.write("name: t\ntasks: [{id: a, kind: shell, params: {command: 'true'}}]\n")
     store = Store.open(pdir.store_path())

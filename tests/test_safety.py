@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import executor
 from orchestrator.plan.model import load_plan
+from orchestrator.run import loop as executor
 from orchestrator.store.db import Store, runs_dir
 
 from conftest import PlanDir, run_orch, start_orch, wait_for

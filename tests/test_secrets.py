@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import redact
+from orchestrator.core import redact
 
 from conftest import PlanDir, run_orch
 
@@ -37,7 +37,7 @@ PLAN = """\
 
 def everything_orch_wrote(pdir: PlanDir) -> str:
     """The store's every value (all tables) and every other file orch wrote, as one text: the
-    task logs whole, what the tasks' own processes printed included (orchestrator/core/redact.py)."""
+    task logs whole, what the tasks' own processes printed included (core/redact.py)."""
     with sqlite3.connect(pdir.store_path()) as conn:
         dump = "\n".join(conn.iterdump())
     texts = [dump]

@@ -244,7 +244,7 @@ def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path
     """Every server.launch of plans/sglang_migration.yaml, rendered as orch renders it, parsed
     by the pinned SGLang's argument parser: a flag SGLang renamed or removed fails here."""
     from orchestrator.plan.model import load_plan
-    from orchestrator.plan.model.templating import resolve
+    from orchestrator.plan.templating import resolve
     from tasks.servers import LaunchParams, render
 
     plan = load_plan(ROOT / "plans" / "sglang_migration.yaml")

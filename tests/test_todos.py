@@ -275,7 +275,7 @@ def test_concurrent_writers_lose_no_update(pdir: PlanDir) -> None:
         "from pathlib import Path\n"
         "from orchestrator.plan.model import load_plan\n"
         "from orchestrator.store.db import Store\n"
-        "from orchestrator import todos\n"
+        "from orchestrator.run import todos\n"
         "plan = load_plan(Path(sys.argv[1]))\n"
         "for i in range(25):\n"
         "    store = Store.open(Path(sys.argv[2]))\n"
@@ -338,9 +338,10 @@ def test_any_todowrite_list_merges_or_is_refused_and_the_board_stays_one_list(
     """Whatever an agent sends: a clear refusal, or a merge after which every item names
     exactly one board task, plan tasks keep their status, and sending the board's own list
     back changes nothing."""
-    from orchestrator import board, todos
     from orchestrator.core.errors import UsageError
+    from orchestrator.run import todos
     from orchestrator.store.db import Store, TodoSpec
+    from orchestrator.views import board
 
     path = tmp_path / f"s{time.monotonic_ns()}.db"
     store = Store.open(path)

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from orchestrator import registry
-from orchestrator.plan.model.templating import Ref
-from orchestrator.plan.model.trust import CODE_ENV, choosing_code, command_findings
+from orchestrator.kinds import registry
+from orchestrator.plan.templating import Ref
+from orchestrator.plan.trust import CODE_ENV, choosing_code, command_findings
 
 from conftest import PlanDir, run_orch
 

@@ -12,9 +12,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from orchestrator import yamlsource
 from orchestrator.core.errors import PlanError, PlanIssue
-from orchestrator.plan.model.yamlsource import Located, Path_, check_bounds, parse_yaml
+from orchestrator.plan import yamlsource
+from orchestrator.plan.yamlsource import Located, Path_, check_bounds, parse_yaml
 
 # --- the oracle: loading as it was, through yaml's nodes ----------------------------------------
 
