@@ -1051,7 +1051,7 @@ class Store:
                     done.append(task_id)
         return done
 
-    # --- tasks added at run time (orchestrator/run/todos.py) ---------------------------------------
+    # --- tasks added at run time (run/todos.py) ------------------------------------------------
 
     def add_todo(self, spec: TodoSpec, origin: str, definition: str | None) -> None:
         """Put a task no plan file declares on the board, pending (one transaction, logged):
