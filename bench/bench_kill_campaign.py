@@ -34,7 +34,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from orchestrator.proc.containment import Jail, cgroup2_mount  # noqa: E402
-from orchestrator.proc.process import is_alive, marked, terminate_pids  # noqa: E402
+from orchestrator.proc.procfs import is_alive, marked, terminate_pids
 from orchestrator.run.loop import PROCESS_MARKER, store_tag  # noqa: E402
 
 ORCH = str(Path(sys.executable).parent / "orch")

@@ -4,7 +4,7 @@ straight to the file (none), per MB.
     python bench/bench_logpump.py [--mb 64] [--repeat 5]
 
 A child prints `--mb` MB of 100-byte lines (`yes` cut by `head`), through
-orchestrator.proc.process.run_process as a task's command runs, `--repeat` times each way,
+orchestrator.proc.spawn.run_process as a task's command runs, `--repeat` times each way,
 alternated. It prints the median wall time of each, the extra milliseconds per MB the pipe and
 the masking thread cost, and the ratio; and checks the logs are the same bytes (the secret
 never printed) and that the log cap (run at 8 MiB) still holds with the pipe.
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from orchestrator.core import redact  # noqa: E402
-from orchestrator.proc.process import run_process  # noqa: E402
+from orchestrator.proc.spawn import run_process  # noqa: E402
 
 
 def once(log: Path, mb: int, limit: int | None) -> float:

@@ -503,8 +503,8 @@ def status(
     if var_args and not plan_file:
         raise UsageError("--var and --vars-file need PLAN: they change what is stale in it")
     if plan_file and not watch:  # the plan unchanged since the last run: the store answers
+        from orchestrator.run.stale import cached_stale
         from orchestrator.store.finished import guess_store, plan_digest
-        from orchestrator.views.snapshot import cached_stale
 
         digest, guess = plan_digest(plan_file, var_args), guess_store(plan_file, store_opt)
         stale = cached_stale(guess, digest) if digest and guess else None
@@ -743,7 +743,7 @@ def logs(
 
     from orchestrator.core.status import Status
     from orchestrator.core.terminal import clean
-    from orchestrator.proc.process import tail
+    from orchestrator.proc.procfs import tail
     from orchestrator.store.db import runs_dir
 
     path = _store_path(store_opt, None, plan_file)

@@ -101,7 +101,7 @@ from pydantic import (
 )
 
 from orchestrator import Context, Finding, Task, TaskError
-from orchestrator.views.report import Section
+from orchestrator.kinds.sections import Section
 
 SCHEMA = "orch.bench/v2"  # what bench.serve writes
 SCHEMAS = ("orch.bench/v1", SCHEMA)  # what this module reads

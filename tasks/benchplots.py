@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.views.report import Figure, png_of, pyplot, safe_name
+from orchestrator.kinds.sections import Figure, png_of, pyplot, safe_name
 
 Series = tuple[str, dict[str, Any]]  # (label, the orch.bench document)
 PERCENTILES = (("p50", "-"), ("p90", "--"), ("p99", ":"))

@@ -26,7 +26,7 @@ from orchestrator import (
     Task,
     TaskError,
 )
-from orchestrator.proc.process import is_alive, terminate_pids
+from orchestrator.proc.procfs import is_alive, terminate_pids
 from probes.nvml import (
     Gpu,
     GpuProcess,

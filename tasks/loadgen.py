@@ -84,7 +84,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Context, Duration, Finding, Task, TaskError
-from orchestrator.views.report import Section
+from orchestrator.kinds.sections import Section
 from probes import http
 from probes.nvml import NvmlUnavailable, snapshot
 from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate

@@ -14,7 +14,7 @@ import time
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Context, Duration, Task, TaskError
-from orchestrator.proc.process import group_members, is_alive, terminate_pids
+from orchestrator.proc.procfs import group_members, is_alive, terminate_pids
 from probes.procs import listeners, process_info, process_tree
 
 

@@ -43,7 +43,7 @@ from orchestrator import Argv, Context, Duration, Task, TaskError
 from orchestrator.core.terminal import plural
 from orchestrator.core.umask import user_umask
 from orchestrator.proc.containment import Jail, jail
-from orchestrator.proc.process import is_alive, last_line, tail
+from orchestrator.proc.procfs import is_alive, last_line, tail
 from orchestrator.proc.stalls import StallPolicy, StallWatcher, act, evidence_path
 from probes import http
 from probes.nvml import NvmlUnavailable, open_nvml

@@ -26,7 +26,7 @@ from orchestrator import (
     TaskTimeout,
 )
 from orchestrator.kinds.task import as_list
-from orchestrator.proc.process import is_alive, process_start_time, terminate_pids
+from orchestrator.proc.procfs import is_alive, process_start_time, terminate_pids
 from probes.systemd import (
     STOPPED,
     SystemdUnavailable,

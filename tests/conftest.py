@@ -71,7 +71,7 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 def _end_leftover_processes(session: pytest.Session) -> None:
-    from orchestrator.proc.process import marked, terminate_pids
+    from orchestrator.proc.procfs import marked, terminate_pids
 
     time.sleep(0.2)  # a process killed just before the end may still be exiting
     left = [pid for pid in marked(SESSION_MARK) if pid != os.getpid()]

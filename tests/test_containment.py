@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.proc.containment import Jail, cgroup2_mount, detect
-from orchestrator.proc.process import LogCap, marked, terminate_pids
+from orchestrator.proc.procfs import marked, terminate_pids
+from orchestrator.proc.spawn import LogCap
 from orchestrator.run.loop import PROCESS_MARKER, store_tag
 
 from conftest import ORCH, PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
@@ -354,7 +355,7 @@ def sandbox() -> Iterator[Sandbox]:
 def _alive_in(sb: Sandbox, pid: int) -> bool:
     """`pid` is alive in the sandbox's PID namespace."""
     r = sb.python(
-        "import sys\nfrom orchestrator.proc.process import is_alive\n"
+        "import sys\nfrom orchestrator.proc.procfs import is_alive\n"
         "sys.exit(0 if is_alive(int(sys.argv[1])) else 1)",
         str(pid),
     )

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 from test_report import bench_doc
 
 from orchestrator.core.findings import Finding
+from orchestrator.kinds.sections import Section
 from orchestrator.store.db import Store
-from orchestrator.views.report import Section, markdown_html, write_report
+from orchestrator.views.report import markdown_html, write_report
 
 import browser
 from conftest import PlanDir, run_orch

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator.core.findings import Finding
+from orchestrator.kinds.sections import Section
 from orchestrator.store.db import Store
-from orchestrator.views.report import Section, board_after, board_now, write_report
+from orchestrator.views.report import board_after, board_now, write_report
 
 from conftest import PlanDir, run_orch
 

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Context
-from orchestrator.proc.process import marked
+from orchestrator.proc.procfs import marked
 from probes.procs import listeners
 from tasks.loadgen import (
     Outcome,

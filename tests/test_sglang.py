@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator.proc.process import session_members
+from orchestrator.proc.procfs import session_members
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sglang_shapes import GENERATE_FINAL_CHUNK, SERVER_INFO, missing

@@ -19,7 +19,7 @@ import pytest
 
 from orchestrator.core.errors import PlanError
 from orchestrator.plan.model import load_plan
-from orchestrator.proc.process import run_process
+from orchestrator.proc.spawn import run_process
 from orchestrator.proc.stalls import StallPolicy, StallReport, StallWatcher, load_probes, top_frame
 
 from conftest import PlanDir, free_port, pid_alive, run_orch

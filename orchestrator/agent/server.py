@@ -31,7 +31,7 @@ from orchestrator.core.errors import OrchError, PlanError, did_you_mean
 from orchestrator.core.findings import FindingValue
 from orchestrator.core.status import Status
 from orchestrator.plan.model import Plan, load_plan
-from orchestrator.proc.process import tail
+from orchestrator.proc.procfs import tail
 from orchestrator.run import todos as todo_board
 from orchestrator.store.db import Store
 from orchestrator.store.lock import RunLock
@@ -297,8 +297,7 @@ def build(
     def report_resource(task_id: str) -> str:
         """A task's report: its findings and what its kind says of them (the sections of
         `orch report`, as text; the figures are in `orch report`'s page)."""
-        from orchestrator.core.findings import Finding
-        from orchestrator.views.board import summarize
+        from orchestrator.core.findings import Finding, summarize
         from orchestrator.views.report import kind_sections
 
         entry = entry_of(task_id, ResourceNotFoundError)

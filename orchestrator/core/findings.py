@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 FindingValue = int | float | str | bool
@@ -134,3 +135,20 @@ def checked(finding: Finding) -> Finding:
 
 _NUMBER = re.compile(r"-?(0|[1-9][0-9]*)(\.[0-9]+)?")
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def summarize(findings: Sequence[Finding]) -> str:
+    """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
+    parts = []
+    for f in findings:
+        by = f"{f.author}: " if f.author else ""  # recorded by an agent or a person
+        if f.author and f.key == "note":
+            parts.append(f"{by}{f.value}")
+            continue
+        if isinstance(f.value, bool):
+            value = "true" if f.value else "false"
+        else:
+            value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
+        text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
+        parts.append(by + (f"{text} ({f.note})" if f.note else text))
+    return ", ".join(parts)

@@ -1,7 +1,7 @@
 """orch's own files are private; the processes it starts keep the user's umask.
 
 A leaf module: `main()` calls private_files() first thing, on every command, so this must cost
-nothing to import (orchestrator.proc.process, which uses user_umask, imports subprocess).
+nothing to import (orchestrator.proc.spawn, which uses user_umask, imports subprocess).
 """
 
 from __future__ import annotations

@@ -21,9 +21,9 @@ from orchestrator.core.findings import Finding
 from orchestrator.core.sizes import parse_size
 from orchestrator.core.umask import user_umask
 from orchestrator.kinds.task import CheckResult, Command, Context, Precondition, Task
-from orchestrator.proc.process import LOG_LIMIT, raise_in_thread, terminate_group
+from orchestrator.proc.procfs import raise_in_thread, terminate_group
+from orchestrator.proc.spawn import LOG_LIMIT
 
-# As GitHub Actions runs a `shell: bash` step: a command that fails in the middle of a script
 # fails the task (`dd: invalid number` must not complete with the last run's file), and so
 # does one in a pipe. `-e` has bash's exceptions: a command in `if`, `&&`, `||` or `!`.
 BASH = ("bash", "-eo", "pipefail", "-c")

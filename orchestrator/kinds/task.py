@@ -19,11 +19,11 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import TaskError
 from orchestrator.core.findings import Finding, FindingValue, parse_finding_line
-from orchestrator.proc.process import LOG_LIMIT, ProcessResult, run_process
+from orchestrator.proc.spawn import LOG_LIMIT, ProcessResult, run_process
 
 if TYPE_CHECKING:
+    from orchestrator.kinds.sections import Section
     from orchestrator.proc.stalls import StallPolicy, StallReport
-    from orchestrator.views.report import Section
 
 # A params field written as `30s`, `5m`, `1h30m` or seconds; pydantic holds it as float seconds.
 Duration = Annotated[float, BeforeValidator(parse_duration)]

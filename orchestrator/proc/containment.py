@@ -37,7 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from orchestrator.proc.process import is_alive, marked, session_members, session_of, terminate_pids
+from orchestrator.proc.procfs import is_alive, marked, session_members, session_of, terminate_pids
 
 MECHANISMS = ("scope", "cgroup", "marker")
 MARKERS = (b"ORCH_TASK=", b"ORCH_SERVER=")  # processes that belong to some task or server

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from orchestrator.core.errors import TaskError
 from orchestrator.core.redact import mask
-from orchestrator.proc.process import stat_fields, tail
+from orchestrator.proc.procfs import stat_fields, tail
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint

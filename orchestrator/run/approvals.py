@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from orchestrator.core.findings import Finding
+from orchestrator.core.redact import MASK
 from orchestrator.plan.model import Plan
 
 if TYPE_CHECKING:
@@ -75,3 +76,30 @@ def judge(latest: sqlite3.Row | None, plan_digest: str, findings_digest: str) ->
     else:
         return Verdict(latest, None)
     return Verdict(None, f"the approval by {latest['by']} no longer holds: {why}")
+
+
+SAME_OPTIONS = ("--var", "--vars-file", "--store")
+
+
+def approve_command(gate: str, plan_file: str | None, argv: str | None) -> str:
+    """`orch approve PLAN GATE`: the plan file as the run was given it, with the run's --var,
+    --vars-file and --store options from its (masked) command line `argv`; a secret var's
+    value, masked there, is named by a caveat instead."""
+    import shlex  # only for a waiting gate: not on every `orch status`
+
+    try:
+        words = shlex.split(argv or "")
+    except ValueError:
+        words = []
+    same: list[str] = []
+    secret = False
+    rest = iter(words)
+    for word in rest:
+        name, eq, given = word.partition("=")
+        if name in SAME_OPTIONS and (value := given if eq else next(rest, None)) is not None:
+            if MASK in value:
+                secret = True
+            else:
+                same += [name, value]
+    command = shlex.join(["orch", "approve", plan_file or "PLAN", gate, *same])
+    return command + (" (and the run's secret --var values)" if secret else "")

@@ -37,7 +37,7 @@ from orchestrator.core.errors import (
     TaskTimeout,
     TemplateError,
 )
-from orchestrator.core.findings import Finding, checked
+from orchestrator.core.findings import Finding, checked, summarize
 from orchestrator.core.guards import due_because
 from orchestrator.core.guards import note as guard_note
 from orchestrator.core.status import Status
@@ -47,19 +47,19 @@ from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask, with_added
 from orchestrator.plan.templating import Ref, bash_params, evaluate_when, resolve
 from orchestrator.plan.trust import choosing_code
 from orchestrator.proc.containment import jail
-from orchestrator.proc.process import INTERRUPTS, raise_in_thread, tail
+from orchestrator.proc.procfs import INTERRUPTS, raise_in_thread, tail
 from orchestrator.proc.stalls import MAX_RESTARTS, StallPolicy, StallReport, TaskStalled
 from orchestrator.run import approvals, runlog
+from orchestrator.run.approvals import approve_command
 from orchestrator.run.confine import confine
 from orchestrator.run.leases import LEASE_KIND, release_all
 from orchestrator.run.selection import OWED_KEY, Action, Selection, asked, decide, owed_why
+from orchestrator.run.stale import remember_stale
 from orchestrator.run.todos import added_tasks, todo_specs
 from orchestrator.store.db import GuardChange, Store, runs_dir
 from orchestrator.store.finished import DIGEST_KEY
 from orchestrator.store.liveness import close_dead_runs, current_identity
 from orchestrator.store.lock import RunLock
-from orchestrator.views.board import approve_command, summarize
-from orchestrator.views.snapshot import remember_stale
 
 PROCESS_MARKER = "ORCH_TASK"  # env var: run:task:attempt@store, in every process a task starts
 OUTPUT_TAIL_LINES = 20

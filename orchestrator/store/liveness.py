@@ -12,7 +12,7 @@ import os
 import socket
 import sqlite3
 
-from orchestrator.proc.process import boot_id, is_alive, process_start_time
+from orchestrator.proc.procfs import boot_id, is_alive, process_start_time
 from orchestrator.store.db import RunIdentity, Store
 
 

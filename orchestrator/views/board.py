@@ -12,9 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from orchestrator.core.durations import format_duration
-from orchestrator.core.findings import Finding
+from orchestrator.core.findings import Finding, summarize
 from orchestrator.core.guards import note as guard_text
-from orchestrator.core.redact import MASK
 from orchestrator.core.status import TODOWRITE, Status
 from orchestrator.core.terminal import clean, plural, terminal_width
 
@@ -56,23 +55,6 @@ def duration_of(row: sqlite3.Row) -> float | None:
     if row["started_at"] is None or row["ended_at"] is None:
         return None
     return max(0.0, float(row["ended_at"] - row["started_at"]))
-
-
-def summarize(findings: Sequence[Finding]) -> str:
-    """Findings inline: `output_tok_s=2370 tok/s, accept_rate=0.42 (no speedup)`."""
-    parts = []
-    for f in findings:
-        by = f"{f.author}: " if f.author else ""  # recorded by an agent or a person
-        if f.author and f.key == "note":
-            parts.append(f"{by}{f.value}")
-            continue
-        if isinstance(f.value, bool):
-            value = "true" if f.value else "false"
-        else:
-            value = f"{f.value:.4g}" if isinstance(f.value, float) else str(f.value)
-        text = f"{f.key}={value}{' ' + f.unit if f.unit else ''}"
-        parts.append(by + (f"{text} ({f.note})" if f.note else text))
-    return ", ".join(parts)
 
 
 # The summary line's order: what is done, then what needs attention, then what waits.
@@ -154,6 +136,8 @@ def render_board(
     ran = (run["plan_file"], run["argv"]) if run is not None else (None, None)
     for r in rows:  # what to type, whole: the gate's reason above is cut to the width
         if r["status"] == Status.WAITING:
+            from orchestrator.run.approvals import approve_command  # a waiting gate only
+
             lines.append(
                 paint(f"{r['id']} waits for approval: {approve_command(r['id'], *ran)}", "33")
             )
@@ -162,33 +146,6 @@ def render_board(
 
 # The options of the run that `orch approve` needs as well: the same vars make the same plan
 # (the approval is of its hash), the same store is where the approval goes.
-SAME_OPTIONS = ("--var", "--vars-file", "--store")
-
-
-def approve_command(gate: str, plan_file: str | None, argv: str | None) -> str:
-    """`orch approve PLAN GATE`: the plan file as the run was given it, with the run's --var,
-    --vars-file and --store options from its (masked) command line `argv`; a secret var's
-    value, masked there, is named by a caveat instead."""
-    import shlex  # only for a waiting gate: not on every `orch status`
-
-    try:
-        words = shlex.split(argv or "")
-    except ValueError:
-        words = []
-    same: list[str] = []
-    secret = False
-    rest = iter(words)
-    for word in rest:
-        name, eq, given = word.partition("=")
-        if name in SAME_OPTIONS and (value := given if eq else next(rest, None)) is not None:
-            if MASK in value:
-                secret = True
-            else:
-                same += [name, value]
-    command = shlex.join(["orch", "approve", plan_file or "PLAN", gate, *same])
-    return command + (" (and the run's secret --var values)" if secret else "")
-
-
 def role(row: sqlite3.Row) -> str | None:
     """A compensation's or `finally` task's role; None for a step of the plan. (An older store
     has the column too: opening it upgrades it, and a read-only one is refused.)"""

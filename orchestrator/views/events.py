@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from orchestrator.core.findings import Finding
+from orchestrator.core.findings import Finding, summarize
 from orchestrator.store.db import Store, decode
-from orchestrator.views.board import iso, summarize
+from orchestrator.views.board import iso
 
 EVENT_SCHEMA = "orch.event/v1"
 POLL_S = 0.2

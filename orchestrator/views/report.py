@@ -15,21 +15,19 @@ from __future__ import annotations
 import base64
 import functools
 import html
-import io
-import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from orchestrator.core.durations import format_duration
 from orchestrator.core.errors import UsageError
-from orchestrator.core.findings import Finding
+from orchestrator.core.findings import Finding, summarize
 from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
+from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
 from orchestrator.store.db import Store, decode, runs_dir
-from orchestrator.views.board import summarize
 
 # Colours of a task's attempt by how it ended; colour-blind safe (Okabe-Ito).
 OUTCOME_COLOURS: dict[str, str] = {
@@ -42,27 +40,6 @@ OUTCOME_COLOURS: dict[str, str] = {
 }
 
 
-@dataclass(frozen=True)
-class Figure:
-    """One chart: written as `<name>.png` and inlined in the page."""
-
-    name: str
-    title: str
-    png: bytes
-    caption: str = ""
-
-
-@dataclass(frozen=True)
-class Section:
-    """What a kind adds to the report for one task: figures, and text in Markdown (rendered
-    by `markdown_html`: headings, pipe tables, lists, paragraphs, code; never raw HTML)."""
-
-    title: str
-    figures: Sequence[Figure] = ()
-    text: str = ""  # Markdown, as the kind writes it to its log (analyze.compare's report)
-    notes: Sequence[str] = field(default_factory=tuple)  # one line each, above the figures
-
-
 def kind_sections(kind: str, findings: Mapping[str, Finding]) -> Sequence[Section]:
     """What a task's kind adds to the report from its findings (`Task.report`)."""
     from orchestrator.kinds import registry
@@ -72,29 +49,6 @@ def kind_sections(kind: str, findings: Mapping[str, Finding]) -> Sequence[Sectio
     except registry.UnknownKind:
         return ()  # a kind not installed here: the board still shows its findings
     return cls.report(findings) if hasattr(cls, "report") else ()
-
-
-def pyplot() -> Any:
-    """matplotlib's pyplot on the file-only Agg backend (no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
-def png_of(figure: Any) -> bytes:
-    """The matplotlib figure as PNG bytes; the figure is closed (no state kept between charts)."""
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=110, bbox_inches="tight")
-    pyplot().close(figure)
-    return buffer.getvalue()
-
-
-def safe_name(text: str) -> str:
-    """A file stem from a task id or title: letters, digits, `._-`."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", text)[:100] or "figure"
 
 
 @dataclass(frozen=True)

@@ -15,15 +15,11 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.findings import Finding
-from orchestrator.store.db import DoneMark, Store
+from orchestrator.store.db import Store
 from orchestrator.views.board import status_json
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Plan
-
-# What the last run found stale, for the plan file (and --var values) it ran, as of the last
-# transition then: `orch status PLAN` answers from it while both are unchanged (no plan load).
-STALE_KEY = "stale_cache"
 
 
 @dataclass(frozen=True)
@@ -62,6 +58,7 @@ def take(
         name = store.plan_name() or (plan.name if plan else path.stem)
         if stale is None and plan is not None:
             from orchestrator.plan.model import with_added
+            from orchestrator.run.stale import stale_of
             from orchestrator.run.todos import added_tasks
 
             stale = stale_of(
@@ -70,40 +67,6 @@ def take(
     finally:
         store.close()
     return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
-
-
-def remember_stale(store: Store, plan: Plan, digest: str | None) -> None:
-    """At the end of a run: what is stale now, keyed by the plan's digest and the store's last
-    transition (a later forget, todo or run moves it, and the cache no longer answers)."""
-    import json
-
-    if digest is None:
-        return
-    stale = stale_of(plan, store.todos(), store.done_marks(), store.findings_as_of)
-    value = {"digest": digest, "seq": store.last_transition(), "stale": stale}
-    store.set_meta(STALE_KEY, json.dumps(value))
-
-
-def cached_stale(path: Path, digest: str) -> dict[str, Any] | None:
-    """What is stale, if the last run's answer still holds for this plan digest; else None."""
-    import json
-
-    if not path.exists():
-        return None
-    try:
-        store = Store.open(path, create=False)
-    except OrchError:
-        return None  # the full path says what is wrong
-    try:
-        raw = store.meta(STALE_KEY)
-        cached = json.loads(raw) if raw else None
-        if not cached or cached["digest"] != digest or cached["seq"] != store.last_transition():
-            return None
-        return dict(cached["stale"])
-    except (ValueError, TypeError, KeyError):  # a cache damaged or hand-edited: computed anew
-        return None
-    finally:
-        store.close()
 
 
 def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
@@ -118,26 +81,3 @@ def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
             close_dead_runs(store, holding_lock=False)
         except OrchError as exc:  # a full disk, say: the board is still worth showing
             warn(f"could not record the dead run ({exc})")
-
-
-def stale_of(
-    plan: Plan,
-    rows: Sequence[sqlite3.Row],
-    done: Mapping[str, DoneMark],
-    findings_as_of: Callable[[str, int | None], Sequence[Any]],
-) -> dict[str, Any]:
-    """The done tasks whose spec changed since they ran, or that are behind what they need
-    (`done`: store.done_marks()): id -> what changed."""
-    from orchestrator.core.status import Status
-    from orchestrator.run.selection import Action, Freshness, Selection, decide
-
-    statuses = {r["id"]: Status(r["status"]) for r in rows}
-    by_id = {r["id"]: r for r in rows}
-    selection = Selection.of(plan)
-    freshness = Freshness(plan, done, findings_as_of)
-    stale = {}
-    for task in plan.tasks:
-        d = decide(task, by_id.get(task.id), selection, statuses, freshness)
-        if d.action is Action.KEEP and d.stale:
-            stale[task.id] = d.stale
-    return stale
