@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
 import signal
 import subprocess
@@ -20,6 +18,7 @@ from orchestrator.core.errors import TaskError, TaskTimeout
 from orchestrator.core.findings import Finding
 from orchestrator.core.sizes import parse_size
 from orchestrator.core.umask import user_umask
+from orchestrator.kinds import registry
 from orchestrator.kinds.task import CheckResult, Command, Context, Precondition, Task
 from orchestrator.proc.procfs import raise_in_thread, terminate_group
 from orchestrator.proc.spawn import LOG_LIMIT
@@ -85,7 +84,7 @@ class PythonParams(BaseModel):
     def _findable(cls, target: str, info: ValidationInfo) -> str:
         """`module:function`, both names Python could import; when the plan is validated
         (its loader passes `plan_file`), the module must be found, as the run would look:
-        from the plan's folder (on sys.path while the plan loads), then sys.path."""
+        from the plan's folder (registry.search while the plan loads), then sys.path."""
         module, _, name = target.partition(":")
         if not (name.isidentifier() and all(p.isidentifier() for p in module.split("."))):
             raise ValueError(f"{target!r} is not module:function (e.g. mypkg.tools:main)")
@@ -107,10 +106,7 @@ def _module_found(module: str, memo: dict[str, bool]) -> bool:
     load's answers (a search of sys.path costs ~10 us: once a load, not once a task)."""
     top = module.partition(".")[0]
     if top not in memo:
-        try:
-            memo[top] = importlib.util.find_spec(top) is not None
-        except ValueError:  # in sys.modules without a __spec__ (`__main__`): it is there
-            memo[top] = True
+        memo[top] = registry.findable(top)
     return memo[top]
 
 
@@ -126,7 +122,7 @@ class PythonTask(Task[PythonParams]):
     code_params = frozenset({"function"})
 
     def run(self, ctx: Context) -> None:
-        func = _load_function(self.params.function)
+        func = _load_function(self.params.function, registry.where())
         kwargs = dict(self.params.args)
         if _accepts_ctx(func):
             kwargs["ctx"] = ctx
@@ -136,11 +132,12 @@ class PythonTask(Task[PythonParams]):
             ctx.finding(finding.key, finding.value, finding.unit, finding.note)
 
 
-@cache  # what import_module gives is fixed for the process anyway; failures are not kept
-def _load_function(target: str) -> Callable[..., Any]:
-    module_name, _, name = target.partition(":")
+@cache  # what an import gives is fixed for the process anyway; failures are not kept
+def _load_function(target: str, folders: tuple[str, ...]) -> Callable[..., Any]:
+    """`folders`: where the user's modules are looked for (registry.where), part of the key:
+    two plans' `helpers:fn` are two functions."""
     try:
-        func = getattr(importlib.import_module(module_name), name)
+        func = registry.import_user(target)
     except (ImportError, AttributeError) as exc:
         raise TaskError(f"cannot load {target!r}: {exc}") from None
     if not callable(func):
