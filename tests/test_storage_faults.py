@@ -553,3 +553,26 @@ def test_a_failed_write_after_a_held_completion_undoes_itself_alone(tmp_path: Pa
     store.transition("b", Status.IN_PROGRESS, None, None)
     assert _committed(path) == {"a": "completed", "b": "in_progress"}
     store.close()
+
+
+def test_a_second_store_open_in_one_process_keeps_the_first_ones_locks(tmp_path: Path) -> None:
+    """Closing any descriptor of a file drops every POSIX lock the process holds on it
+    (fcntl's rule), SQLite's included: another process could then checkpoint and remove the
+    WAL under a live connection. A second open (a live board, the event feed, a peek) must
+    leave the first connection's locks as they were."""
+    path = tmp_path / "t.db"
+    first = Store.open(path, create=True)
+    inode = os.stat(path).st_ino
+
+    def held() -> list[str]:
+        with open("/proc/locks") as f:
+            return [line for line in f if f":{inode} " in line and f" {os.getpid()} " in line]
+
+    before = held()
+    assert before, "SQLite holds a lock on the store while a connection is open"
+    try:
+        Store.open(path, create=False).close()
+        Store.peek(path).close()
+        assert held() == before
+    finally:
+        first.close()

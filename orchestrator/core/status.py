@@ -21,6 +21,16 @@ class Status(StrEnum):
         return self in (Status.COMPLETED, Status.SKIPPED)
 
 
+class RunOutcome(StrEnum):
+    """How a run ended: the `outcome` of its runs row (None there while it goes on)."""
+
+    COMPLETED = "completed"  # every task in its scope done
+    FAILED = "failed"  # a task in its scope not done (failed, blocked), or a fault stopped it
+    WAITING = "waiting"  # stopped at an approval gate no one has approved yet: nothing failed
+    INTERRUPTED = "interrupted"  # stopped by a signal (Ctrl-C, SIGTERM)
+    CRASHED = "crashed"  # its orchestrator died unrecorded: a later orch closed it
+
+
 _NOT_RUNNING = {s for s in Status if s is not Status.IN_PROGRESS}
 
 ALLOWED: dict[Status, frozenset[Status]] = {

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, ValidationError
 
 from orchestrator.core.errors import PlanError, PlanIssue, Suggester, TemplateError, did_you_mean
+from orchestrator.core.guards import GuardRole
 from orchestrator.core.guards import does as guard_does
 from orchestrator.core.redact import MASK, masking
 from orchestrator.kinds import registry
@@ -196,7 +197,7 @@ class PlannedTask:
     spec_json: str  # the fingerprint as stored
     line: int | None
     position: int = 0
-    role: str | None = None  # "on_failure" (a compensation) or "finally"; None: the flow
+    role: GuardRole | None = None  # a compensation or a `finally` task; None: the flow
     protects: str | None = None  # the task a compensation undoes
 
     @property
@@ -251,8 +252,8 @@ class Plan:
         undone), then `finally` tasks in the plan's order. Ids the plan no longer has are left
         out."""
         found = [self.by_id[i] for i in armed if i in self.by_id]
-        return [g for g in found if g.role == "on_failure"] + sorted(
-            (g for g in found if g.role == "finally"), key=lambda g: g.position
+        return [g for g in found if g.role == GuardRole.ON_FAILURE] + sorted(
+            (g for g in found if g.role == GuardRole.FINALLY), key=lambda g: g.position
         )
 
     def upstream(self, task_id: str) -> list[str]:
@@ -481,7 +482,7 @@ def _load_plan(
 @dataclass
 class _Guard:
     spec: TaskSpec
-    role: str  # on_failure | finally
+    role: GuardRole
     protects: str | None
 
 
@@ -498,15 +499,15 @@ def _guard_specs(
 ) -> list[tuple[Path_, _Guard]]:
     """The compensations (`on_failure` of each task) and the plan's `finally` tasks,
     validated like tasks; their ids share the plan's name space."""
-    found: list[tuple[Path_, Any, str, str | None]] = []
+    found: list[tuple[Path_, Any, GuardRole, str | None]] = []
     for i, spec in specs:
         raw = src.data["tasks"][i] if i < len(src.data.get("tasks") or []) else None
         single = isinstance(raw, dict) and isinstance(raw.get("on_failure"), dict)
         for j, g in enumerate(spec.on_failure):
             at: Path_ = ("tasks", i, "on_failure") if single else ("tasks", i, "on_failure", j)
-            found.append((at, g, "on_failure", spec.id))
+            found.append((at, g, GuardRole.ON_FAILURE, spec.id))
     for j, g in enumerate(header.finally_ if header else []):
-        found.append((("finally", j), g, "finally", None))
+        found.append((("finally", j), g, GuardRole.FINALLY, None))
     out: list[tuple[Path_, _Guard]] = []
     seen = dict(raw_ids)
     for at, raw, role, protects in found:

@@ -14,7 +14,6 @@ import hashlib
 import json
 import os
 import socket
-import sqlite3
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -25,6 +24,7 @@ from orchestrator.plan.model import Plan
 
 if TYPE_CHECKING:
     from orchestrator.store.db import Store
+    from orchestrator.store.rows import ApprovalRow
 
 GATE_KIND = "approve"
 
@@ -60,11 +60,11 @@ def who() -> str:
 
 @dataclass(frozen=True)
 class Verdict:
-    approval: sqlite3.Row | None  # the approval that holds now
+    approval: ApprovalRow | None  # the approval that holds now
     void: str | None  # why the latest approval no longer holds
 
 
-def judge(latest: sqlite3.Row | None, plan_digest: str, findings_digest: str) -> Verdict:
+def judge(latest: ApprovalRow | None, plan_digest: str, findings_digest: str) -> Verdict:
     """Whether a gate's latest approval (`Store.latest_approval`) holds for this plan and these
     findings; an earlier one never does (the latest replaces it)."""
     if latest is None:

@@ -38,12 +38,12 @@ from orchestrator.core.errors import (
     TemplateError,
 )
 from orchestrator.core.findings import Finding, checked, summarize
-from orchestrator.core.guards import due_because
+from orchestrator.core.guards import GuardRole, due_because
 from orchestrator.core.guards import note as guard_note
-from orchestrator.core.status import Status
+from orchestrator.core.status import RunOutcome, Status
 from orchestrator.kinds import registry
 from orchestrator.kinds.task import Context, PoolUnavailable
-from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask, with_added
+from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask
 from orchestrator.plan.templating import Ref, bash_params, evaluate_when, resolve
 from orchestrator.plan.trust import choosing_code
 from orchestrator.proc.containment import jail
@@ -55,7 +55,7 @@ from orchestrator.run.confine import confine
 from orchestrator.run.leases import LEASE_KIND, release_all
 from orchestrator.run.selection import OWED_KEY, Action, Selection, asked, decide, owed_why
 from orchestrator.run.stale import remember_stale
-from orchestrator.run.todos import added_tasks, todo_specs
+from orchestrator.run.todos import plan_as_run, todo_specs
 from orchestrator.store.db import GuardChange, Store, runs_dir
 from orchestrator.store.finished import DIGEST_KEY
 from orchestrator.store.liveness import close_dead_runs, current_identity
@@ -83,7 +83,7 @@ class RunOptions:
 @dataclass
 class RunResult:
     run_id: int | None  # None: nothing to do, no run recorded (nothing_to_undo)
-    outcome: str  # completed | failed | interrupted
+    outcome: RunOutcome  # completed | failed | waiting | interrupted
     exit_code: int
     stale: dict[str, tuple[str, ...]]
 
@@ -93,7 +93,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     store_path = store_path.absolute()  # tasks run from the plan's folder (from_folder)
     store = Store.open(store_path)
     try:  # the tasks an agent or `orch todo add` put in the store run like declared ones
-        plan = with_added(plan, added_tasks(store))
+        plan = plan_as_run(plan, store)
         selection = Selection.of(plan, options.rerun, options.from_task, options.only)
         if options.only:
             selection.check_only(plan, {r["id"]: Status(r["status"]) for r in store.todos()})
@@ -137,7 +137,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         remember_stale(store, plan, options.plan_digest)  # for `orch status PLAN` (snapshot.py)
         # Only a run that looked at every task can vouch that none is stale (finished.py).
         whole_plan = not (options.only or options.from_task)
-        if result.outcome == "completed" and not result.stale and whole_plan:
+        if result.outcome == RunOutcome.COMPLETED and not result.stale and whole_plan:
             store.set_meta(DIGEST_KEY, options.plan_digest)
         return result
     finally:
@@ -158,7 +158,7 @@ def nothing_to_undo(store: Store, plan: Plan, options: RunOptions, dead: list[st
     for why in dead:
         log.warning("recovered", why=why)
     log.warning("rollback.nothing", why="nothing is armed: nothing to undo")
-    return RunResult(None, "completed", EXIT_OK, {})
+    return RunResult(None, RunOutcome.COMPLETED, EXIT_OK, {})
 
 
 class Runner:
@@ -232,21 +232,23 @@ class Runner:
             # tasks together; a second Ctrl-C is held back until that is committed.
             held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
             try:
-                self.store.close_run(self.run_id, "interrupted", f"stopped by {_signal_name(exc)}")
+                self.store.close_run(
+                    self.run_id, RunOutcome.INTERRUPTED, f"stopped by {_signal_name(exc)}"
+                )
                 self.not_started(f"the run was stopped by {_signal_name(exc)}")
                 self.log.error("run.interrupted", by=_signal_name(exc))
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
         if self.options.rollback:
-            return self.result("completed")
+            return self.result(RunOutcome.COMPLETED)
         if not mended:
             self.not_started("a compensation or finally task did not complete")
-            return self.result("failed")
+            return self.result(RunOutcome.FAILED)
         in_scope = [self.statuses[i] for i in self.selection.scope]
-        outcome = "completed" if all(s.done for s in in_scope) else "failed"
+        outcome = RunOutcome.COMPLETED if all(s.done for s in in_scope) else RunOutcome.FAILED
         if self.gates and not {Status.FAILED, Status.BLOCKED, Status.INTERRUPTED} & set(in_scope):
-            outcome = "waiting"
+            outcome = RunOutcome.WAITING
             self.log.warning(
                 "run.waiting",
                 gates=", ".join(self.gates),
@@ -280,8 +282,10 @@ class Runner:
         self.rows = {r["id"]: r for r in self.store.todos()}
         self.statuses = {task_id: Status(r["status"]) for task_id, r in self.rows.items()}
 
-    def result(self, outcome: str) -> RunResult:
-        code = {"completed": EXIT_OK, "waiting": EXIT_WAITING}.get(outcome, EXIT_FAILED)
+    def result(self, outcome: RunOutcome) -> RunResult:
+        code = {RunOutcome.COMPLETED: EXIT_OK, RunOutcome.WAITING: EXIT_WAITING}.get(
+            outcome, EXIT_FAILED
+        )
         return RunResult(self.run_id, outcome, code, self.stale)
 
     # --- compensations and `finally` tasks -----------------------------------------------------
@@ -335,19 +339,19 @@ class Runner:
         outcome = result.outcome
         if self.options.rollback or not self.mended:
             armed = []  # what was armed has had its one try in this run
-        elif outcome == "failed":
+        elif outcome == RunOutcome.FAILED:
             armed = self.store.armed()
         else:
-            armed = [r for r in self.store.armed() if r["role"] == "finally"]
+            armed = [r for r in self.store.armed() if r["role"] == GuardRole.FINALLY]
         if armed and not self.compensate(armed):
-            outcome = "failed"
+            outcome = RunOutcome.FAILED
         self.store.end_run(self.run_id, outcome)
         # Armed or never armed (their step was skipped): nothing of theirs can be due now.
-        if outcome == "completed" and self.store.all_done():
+        if outcome == RunOutcome.COMPLETED and self.store.all_done():
             spare = [
                 r["id"]
                 for r in self.store.todos()
-                if r["role"] == "on_failure" and r["status"] == Status.PENDING
+                if r["role"] == GuardRole.ON_FAILURE and r["status"] == Status.PENDING
             ]
             if spare:
                 self.store.disarm(spare, "the plan completed: nothing to undo", self.run_id)
@@ -361,12 +365,12 @@ class Runner:
                 return GuardChange(disarm=task.id, undo=task.protects)
             return GuardChange(disarm=task.id) if to is Status.SKIPPED else None
         if to is Status.COMPLETED and (guards := self.plan.guarded.get(task.id)):
-            why = guard_note("on_failure", task.id, self.run_id)
+            why = guard_note(GuardRole.ON_FAILURE, task.id, self.run_id)
             return GuardChange(arm=guards, arm_reason=why)
         if to is Status.IN_PROGRESS and not self.finally_armed:
             self.finally_armed = True
             if guards := self.plan.guarded.get(None):
-                why = guard_note("finally", None, self.run_id)
+                why = guard_note(GuardRole.FINALLY, None, self.run_id)
                 return GuardChange(arm=guards, arm_reason=why)
         return None
 

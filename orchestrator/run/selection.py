@@ -38,18 +38,21 @@ from __future__ import annotations
 
 import contextlib
 import json
-import sqlite3
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import UsageError, did_you_mean
+from orchestrator.core.guards import GuardRole
 from orchestrator.core.guards import does as guard_does
 from orchestrator.core.status import Status
 from orchestrator.plan.model import Plan, PlannedTask, what_changed
 from orchestrator.plan.templating import iter_refs
 from orchestrator.store.db import DoneMark, Store
+
+if TYPE_CHECKING:
+    from orchestrator.store.rows import ResourceRow, TodoRow
 
 OWED_KEY = "owed"  # the store's meta key of the latest run's Owed (JSON)
 
@@ -76,7 +79,7 @@ class Selection:
         rerun: Sequence[str] = (),
         from_task: str | None = None,
         only: Sequence[str] = (),
-        resources: Sequence[sqlite3.Row] = (),
+        resources: Sequence[ResourceRow] = (),
     ) -> Selection:
         """`resources`: the store's rows (store.resources()); without them a rerun is not cut
         at releasers (nothing says who holds what)."""
@@ -87,7 +90,7 @@ class Selection:
                     f"(tasks: {', '.join(plan.by_id)})"
                 )
             if (role := (task := plan.by_id[task_id]).role) is not None:
-                what = "a compensation" if role == "on_failure" else "a `finally` task"
+                what = "a compensation" if role == GuardRole.ON_FAILURE else "a `finally` task"
                 raise UsageError(
                     f"{task_id!r} is {what} (it {guard_does(role, task.protects)}), not a step; "
                     f"`orch rollback {plan.file}` runs what is armed now"
@@ -121,7 +124,7 @@ class Selection:
     def reviving(
         self,
         plan: Plan,
-        resources: Sequence[sqlite3.Row],
+        resources: Sequence[ResourceRow],
         statuses: Mapping[str, Status],
     ) -> tuple[Selection, dict[str, str]]:
         """This selection knowing the store's `resources` (store.resources()): the rerun cut at
@@ -133,7 +136,7 @@ class Selection:
         after: dict[str, set[str]] = {}
         why: dict[str, list[str]] = {}
         releasers = _releasers(plan)
-        let_go: dict[str, list[sqlite3.Row]] = {}  # holder -> its resources not held now
+        let_go: dict[str, list[ResourceRow]] = {}  # holder -> its resources not held now
         for row in resources:
             if row["released_at"] is not None and row["task_id"] in plan.by_id:
                 let_go.setdefault(row["task_id"], []).append(row)
@@ -393,14 +396,14 @@ class Decision:
 
 def decide(
     task: PlannedTask,
-    row: sqlite3.Row | None,
+    row: TodoRow | None,
     selection: Selection,
     statuses: Mapping[str, Status],
     freshness: Freshness | None = None,
 ) -> Decision:
     """What a run does with `task`, given the statuses its needs have reached in this run (and,
     with `freshness`, what became done when: a kept task behind its needs is stale)."""
-    status = Status(row["status"]) if row is not None else Status.PENDING
+    status = row["status"] if row is not None else Status.PENDING
     if task.id not in selection.scope:
         return Decision(Action.OUT_OF_SCOPE, "not selected")
     stale: tuple[str, ...] = ()

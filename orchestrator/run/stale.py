@@ -6,7 +6,6 @@ Imports only the store at first: the cache is read on `orch status`'s fast path.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -16,6 +15,7 @@ from orchestrator.store.db import DoneMark, Store
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Plan
+    from orchestrator.store.rows import TodoRow
 
 # What the last run found stale, for the plan file (and --var values) it ran, as of the last
 # transition then: `orch status PLAN` answers from it while both are unchanged (no plan load).
@@ -54,7 +54,7 @@ def cached_stale(path: Path, digest: str) -> dict[str, Any] | None:
 
 def stale_of(
     plan: Plan,
-    rows: Sequence[sqlite3.Row],
+    rows: Sequence[TodoRow],
     done: Mapping[str, DoneMark],
     findings_as_of: Callable[[str, int | None], Sequence[Any]],
 ) -> dict[str, Any]:

@@ -30,19 +30,32 @@ import os
 import sqlite3
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from orchestrator.core.errors import StoreError, UsageError, did_you_mean
 from orchestrator.core.files import not_a_file
 from orchestrator.core.findings import Finding, FindingValue
-from orchestrator.core.guards import undone_by
+from orchestrator.core.guards import GuardRole, undone_by
 from orchestrator.core.redact import mask, mask_value
-from orchestrator.core.status import ALLOWED, MANUAL, Status
+from orchestrator.core.status import ALLOWED, MANUAL, RunOutcome, Status
+
+if TYPE_CHECKING:  # the rows it returns: for annotations only (`orch status` imports no more)
+    from orchestrator.store.rows import (
+        ApprovalRow,
+        FindingRow,
+        HeldResourceRow,
+        ListedTodoRow,
+        ResourceRow,
+        RunRow,
+        TodoRow,
+        TransitionRow,
+    )
 
 SCHEMA_VERSION = 4  # 2: resources; 3: tasks added at run time (origin, definition), authors;
 # 4: compensations and `finally` tasks (role, protects, armed_run, armed_at), approvals
@@ -220,6 +233,8 @@ _JSON_COLUMNS = {
 }
 _TYPED = ("runs", "todos")  # one row a run or a task; the log tables: required values only
 _STATUS_COLUMNS = {"todos": ("status",), "transitions": ("from_status", "to_status")}
+# A status column's stored text -> the Status a read gives (None: a first transition's from).
+_STATUSES: dict[str | None, Status | None] = {None: None, **{s.value: s for s in Status}}
 
 
 @functools.cache
@@ -318,7 +333,7 @@ class TodoSpec:
     spec_hash: str
     spec: str  # JSON of what the hash covers
     origin: str = PLAN_ORIGIN  # or who added it (todos.py)
-    role: str | None = None  # "on_failure" (a compensation) or "finally"; None: the plan's flow
+    role: GuardRole | None = None  # a compensation or a `finally` task; None: the plan's flow
     protects: str | None = None  # the task a compensation undoes
 
 
@@ -399,15 +414,28 @@ def _guarded(method: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+# The files this process has a connection open to, by (device, inode): closing any other
+# descriptor of such a file drops every POSIX lock the process holds on it (fcntl's rule),
+# SQLite's own included; another process could then take the store as unused and checkpoint
+# and remove its WAL under a live connection. So a file open here is not read again.
+_OPEN: Counter[tuple[int, int]] = Counter()
+_OPEN_LOCK = threading.Lock()
+
+
 def _check_file(path: Path) -> None:
     """Refuse what is there but cannot be a store: a folder, a FIFO or a device (opening a
-    FIFO would wait forever), an empty file, not SQLite, cut."""
+    FIFO would wait forever), an empty file, not SQLite, cut. A file this process has open
+    already was checked then, and its header is not read again (see _OPEN)."""
     if (what := not_a_file(path)) is not None:
         raise StoreError(f"{path} is {what}, not an orch store: use another --store")
     try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
-            header = f.read(100)
+        st = path.stat()
+        size = st.st_size
+        with _OPEN_LOCK:  # held while the header is read: no connection opens meanwhile
+            if _OPEN[st.st_dev, st.st_ino]:
+                return
+            with path.open("rb") as f:
+                header = f.read(100)
     except IsADirectoryError:
         raise StoreError(f"{path} is a folder, not an orch store") from None
     except OSError as exc:
@@ -456,7 +484,6 @@ def _connect(path: Path, readonly: bool, whole: bool = False) -> sqlite3.Connect
             check_same_thread=False,
         )
         try:
-            conn.row_factory = sqlite3.Row
             conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not readonly:
                 # A new store's pages are 1 KiB (SQLite's default is 4): every commit appends
@@ -475,6 +502,31 @@ def _connect(path: Path, readonly: bool, whole: bool = False) -> sqlite3.Connect
     raise AssertionError("unreachable")
 
 
+def _rows(cursor: sqlite3.Cursor, statuses: tuple[str, ...] = ()) -> list[Any]:
+    """A query's rows as they leave the store (rows.py): a plain dict each, column -> value,
+    its `statuses` columns as Status. A dict costs ~1 us a row more to build than an
+    sqlite3.Row, and each `row["key"]` after is a hash lookup, not a search of the column
+    names: a 1000-task board is drawn ~1 ms sooner for it."""
+    names = [d[0] for d in cursor.description]
+    rows = [dict(zip(names, r, strict=False)) for r in cursor.fetchall()]  # same lengths
+    try:
+        for column in statuses:
+            for row in rows:
+                row[column] = _STATUSES[row[column]]
+    except KeyError as exc:  # written since the store's open (checked there), not by orch
+        raise sqlite3.DatabaseError(f"{column} {exc} is no status") from None
+    return rows
+
+
+def _row(cursor: sqlite3.Cursor, statuses: tuple[str, ...] = ()) -> Any:
+    """The query's one row (`_rows`), or None."""
+    rows = _rows(cursor, statuses)
+    return rows[0] if rows else None
+
+
+_TODO, _TRANSITION = _STATUS_COLUMNS["todos"], _STATUS_COLUMNS["transitions"]
+
+
 class Store:
     def __init__(self, path: Path, conn: sqlite3.Connection, readonly: bool = False) -> None:
         self.path = path
@@ -485,6 +537,9 @@ class Store:
         self._path_text = str(path)
         st = os.stat(self._path_text)
         self._identity = (st.st_dev, st.st_ino)
+        with _OPEN_LOCK:
+            _OPEN[self._identity] += 1
+            self._counted = True
 
     # --- opening -----------------------------------------------------------------------------
 
@@ -618,6 +673,10 @@ class Store:
             self.flush()  # a completion held for the next start that never came (an error)
         finally:
             self.conn.close()
+            with _OPEN_LOCK:
+                if self._counted:
+                    _OPEN[self._identity] -= 1
+                    self._counted = False
 
     @_guarded
     def flush(self) -> None:
@@ -817,21 +876,21 @@ class Store:
     def next_run_id(self) -> int:
         return int(self.conn.execute("SELECT coalesce(max(id), 0) + 1 FROM runs").fetchone()[0])
 
-    def end_run(self, run_id: int, outcome: str) -> None:
+    def end_run(self, run_id: int, outcome: RunOutcome) -> None:
         with self._tx() as c:
             c.execute(
                 "UPDATE runs SET ended_at=?, outcome=? WHERE id=?", (time.time(), outcome, run_id)
             )
 
-    def open_runs(self) -> list[sqlite3.Row]:
+    def open_runs(self) -> list[RunRow]:
         """Runs with no recorded end: alive now, or died without a word."""
-        return self.conn.execute("SELECT * FROM runs WHERE ended_at IS NULL").fetchall()
+        return _rows(self.conn.execute("SELECT * FROM runs WHERE ended_at IS NULL"))
 
-    def mark_dead_run(self, run: sqlite3.Row, why: str) -> list[str]:
+    def mark_dead_run(self, run: RunRow, why: str) -> list[str]:
         """Close a run whose orchestrator died (outcome `crashed`); see close_run."""
-        return self.close_run(run["id"], "crashed", why)
+        return self.close_run(run["id"], RunOutcome.CRASHED, why)
 
-    def close_run(self, run_id: int, outcome: str, why: str) -> list[str]:
+    def close_run(self, run_id: int, outcome: RunOutcome, why: str) -> list[str]:
         """End a run and mark its in-progress tasks interrupted, in one transaction.
 
         Returns the ids of those tasks. Their recorded process group stays in the row so that
@@ -937,15 +996,18 @@ class Store:
             if row is not None and Status(row[0]).done:
                 self._transition(c, g.undo, Status.PENDING, undone_by(by), run_id, now, **_FRESH)
 
-    def armed(self) -> list[sqlite3.Row]:
+    def armed(self) -> list[TodoRow]:
         """Compensations and `finally` tasks armed now, the latest armed first (the order in
         which they undo: the last step done is the first undone)."""
-        return self.conn.execute(
-            "SELECT * FROM todos WHERE armed_run IS NOT NULL AND in_plan=1"
-            " ORDER BY armed_at DESC, position DESC"
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                "SELECT * FROM todos WHERE armed_run IS NOT NULL AND in_plan=1"
+                " ORDER BY armed_at DESC, position DESC"
+            ),
+            _TODO,
+        )
 
-    def due(self, unended_crashed: bool = False) -> list[sqlite3.Row]:
+    def due(self, unended_crashed: bool = False) -> list[TodoRow]:
         """Armed tasks that a run since their arming has not lived up to: it failed, was
         interrupted or crashed, so they run before anything else (a run stopped at an
         approval gate failed nothing). `unended_crashed`: count a run with no recorded end as
@@ -956,7 +1018,8 @@ class Store:
             for r in self.armed()
             if self.conn.execute(
                 "SELECT 1 FROM runs WHERE id >= ? AND (ended_at IS NULL AND ?"
-                " OR ended_at IS NOT NULL AND outcome NOT IN ('completed', 'waiting')) LIMIT 1",
+                " OR ended_at IS NOT NULL AND outcome NOT IN"
+                f" ('{RunOutcome.COMPLETED}', '{RunOutcome.WAITING}')) LIMIT 1",
                 (r["armed_run"], unended_crashed),
             ).fetchone()
         ]
@@ -988,11 +1051,13 @@ class Store:
                 (task_id, by, time.time(), mask_value(note), plan_hash, findings_hash, how, run_id),
             )
 
-    def latest_approval(self, task_id: str) -> sqlite3.Row | None:
+    def latest_approval(self, task_id: str) -> ApprovalRow | None:
         """A gate's latest approval (the only one that can hold: approvals.judge), or None."""
-        row: sqlite3.Row | None = self.conn.execute(
-            "SELECT * FROM approvals WHERE task_id=? ORDER BY seq DESC LIMIT 1", (task_id,)
-        ).fetchone()
+        row: ApprovalRow | None = _row(
+            self.conn.execute(
+                "SELECT * FROM approvals WHERE task_id=? ORDER BY seq DESC LIMIT 1", (task_id,)
+            )
+        )
         return row
 
     def _transition(
@@ -1195,17 +1260,20 @@ class Store:
                 ),
             )
 
-    def added(self) -> list[sqlite3.Row]:
+    def added(self) -> list[TodoRow]:
         """The tasks on the board that no plan file declares, in board order."""
-        return self.conn.execute(
-            f"SELECT * FROM todos WHERE in_plan=1 AND origin != '{PLAN_ORIGIN}'"
-            " ORDER BY position, rowid"
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                f"SELECT * FROM todos WHERE in_plan=1 AND origin != '{PLAN_ORIGIN}'"
+                " ORDER BY position, rowid"
+            ),
+            _TODO,
+        )
 
-    def _visible(self, c: sqlite3.Connection, task_id: str) -> sqlite3.Row:
-        row: sqlite3.Row | None = c.execute(
-            "SELECT * FROM todos WHERE id=? AND in_plan=1", (task_id,)
-        ).fetchone()
+    def _visible(self, c: sqlite3.Connection, task_id: str) -> TodoRow:
+        row: TodoRow | None = _row(
+            c.execute("SELECT * FROM todos WHERE id=? AND in_plan=1", (task_id,)), _TODO
+        )
         if row is None:
             ids = [r[0] for r in c.execute("SELECT id FROM todos WHERE in_plan=1")]
             raise UsageError(f"no task {task_id!r} on the board{did_you_mean(task_id, ids)}")
@@ -1265,12 +1333,14 @@ class Store:
                 (name, task_id, kind, json.dumps(data), run_id, time.time()),
             )
 
-    def held(self, name: str | None = None) -> list[sqlite3.Row]:
+    def held(self, name: str | None = None) -> list[HeldResourceRow]:
         """Resources not released (all, or the one called `name`)."""
         where, args = ("AND name=?", (name,)) if name else ("", ())
-        return self.conn.execute(
-            f"SELECT * FROM resources WHERE released_at IS NULL {where} ORDER BY held_at", args
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                f"SELECT * FROM resources WHERE released_at IS NULL {where} ORDER BY held_at", args
+            )
+        )
 
     def release(self, name: str, by_task: str | None, how: str) -> None:
         """Mark `name` released: by a task (`by_task`), or by the engine (None)."""
@@ -1280,34 +1350,39 @@ class Store:
                 (time.time(), by_task, how, name),
             )
 
-    def resources(self) -> list[sqlite3.Row]:
+    def resources(self) -> list[ResourceRow]:
         """Every resource, held or let go (one row per name: its latest holder): `name`,
         `task_id` (the holder), `released_at` (None while held), `released_by` (the releasing
         task, None where the engine ended it) and `how`."""
-        return self.conn.execute(
-            "SELECT name, task_id, kind, run_id, held_at, released_at, released_by, how"
-            " FROM resources ORDER BY held_at"
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                "SELECT name, task_id, kind, run_id, held_at, released_at, released_by, how"
+                " FROM resources ORDER BY held_at"
+            )
+        )
 
     # --- reads ---------------------------------------------------------------------------------
 
-    def todos(self) -> list[sqlite3.Row]:
+    def todos(self) -> list[ListedTodoRow]:
         """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown),
         with `run_attempts`: the attempts of its latest run (the board's N×; `attempts` counts
         every run's, and numbers the findings)."""
-        return self.conn.execute(
-            # Counted only where there can be more than one (CASE is lazy in SQLite): a
-            # 1000-task board reads in ~1 ms less (bench/bench_engine.py's re-run).
-            "SELECT *, CASE WHEN attempts > 1 THEN (SELECT count(*) FROM transitions t"
-            " WHERE t.task_id = todos.id AND t.run_id = todos.run_id"
-            " AND t.to_status = 'in_progress') ELSE attempts END AS run_attempts"
-            " FROM todos WHERE in_plan=1 ORDER BY position, rowid"
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                # Counted only where there can be more than one (CASE is lazy in SQLite): a
+                # 1000-task board reads in ~1 ms less (bench/bench_engine.py's re-run).
+                "SELECT *, CASE WHEN attempts > 1 THEN (SELECT count(*) FROM transitions t"
+                " WHERE t.task_id = todos.id AND t.run_id = todos.run_id"
+                " AND t.to_status = 'in_progress') ELSE attempts END AS run_attempts"
+                " FROM todos WHERE in_plan=1 ORDER BY position, rowid"
+            ),
+            _TODO,
+        )
 
-    def todo(self, task_id: str) -> sqlite3.Row | None:
-        row: sqlite3.Row | None = self.conn.execute(
-            "SELECT * FROM todos WHERE id=?", (task_id,)
-        ).fetchone()
+    def todo(self, task_id: str) -> TodoRow | None:
+        row: TodoRow | None = _row(
+            self.conn.execute("SELECT * FROM todos WHERE id=?", (task_id,)), _TODO
+        )
         return row
 
     def findings(self) -> dict[str, list[Finding]]:
@@ -1332,20 +1407,26 @@ class Store:
         ).fetchone()
         return None if r is None else Finding(r[0], decode(r[1]), r[2], r[3])
 
-    def runs(self, limit: int = 20) -> list[sqlite3.Row]:
-        return self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)).fetchall()
+    def runs(self, limit: int = 20) -> list[RunRow]:
+        return _rows(self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,)))
 
     def events_after(
         self, transition_seq: int, finding_seq: int, limit: int = 1000
-    ) -> tuple[list[sqlite3.Row], list[sqlite3.Row]]:
+    ) -> tuple[list[TransitionRow], list[FindingRow]]:
         """Transitions and findings recorded after these sequence numbers, oldest first: what
         `orch events --follow` prints as it happens."""
-        transitions = self.conn.execute(
-            "SELECT * FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?", (transition_seq, limit)
-        ).fetchall()
-        findings = self.conn.execute(
-            "SELECT * FROM findings WHERE seq > ? ORDER BY seq LIMIT ?", (finding_seq, limit)
-        ).fetchall()
+        transitions: list[TransitionRow] = _rows(
+            self.conn.execute(
+                "SELECT * FROM transitions WHERE seq > ? ORDER BY seq LIMIT ?",
+                (transition_seq, limit),
+            ),
+            _TRANSITION,
+        )
+        findings: list[FindingRow] = _rows(
+            self.conn.execute(
+                "SELECT * FROM findings WHERE seq > ? ORDER BY seq LIMIT ?", (finding_seq, limit)
+            )
+        )
         return transitions, findings
 
     def last_transition(self) -> int:
@@ -1383,19 +1464,24 @@ class Store:
             )
         ]
 
-    def runs_after(self, run_id: int, open_ids: set[int]) -> list[sqlite3.Row]:
+    def runs_after(self, run_id: int, open_ids: set[int]) -> list[RunRow]:
         """Runs begun after `run_id`, and those of `open_ids` (to see them end), by id."""
         marks = ", ".join("?" * len(open_ids))
-        return self.conn.execute(
-            f"SELECT * FROM runs WHERE id > ? OR id IN ({marks}) ORDER BY id",
-            (run_id, *open_ids),
-        ).fetchall()
+        return _rows(
+            self.conn.execute(
+                f"SELECT * FROM runs WHERE id > ? OR id IN ({marks}) ORDER BY id",
+                (run_id, *open_ids),
+            )
+        )
 
-    def transitions(self, task_id: str | None = None, limit: int = 200) -> list[sqlite3.Row]:
+    def transitions(self, task_id: str | None = None, limit: int = 200) -> list[TransitionRow]:
         where, args = ("WHERE task_id=?", (task_id,)) if task_id else ("", ())
-        rows = self.conn.execute(
-            f"SELECT * FROM transitions {where} ORDER BY seq DESC LIMIT ?", (*args, limit)
-        ).fetchall()
+        rows: list[TransitionRow] = _rows(
+            self.conn.execute(
+                f"SELECT * FROM transitions {where} ORDER BY seq DESC LIMIT ?", (*args, limit)
+            ),
+            _TRANSITION,
+        )
         return rows[::-1]
 
 

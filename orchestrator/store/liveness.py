@@ -10,10 +10,13 @@ from __future__ import annotations
 
 import os
 import socket
-import sqlite3
+from typing import TYPE_CHECKING
 
 from orchestrator.proc.procfs import boot_id, is_alive, process_start_time
 from orchestrator.store.db import RunIdentity, Store
+
+if TYPE_CHECKING:
+    from orchestrator.store.rows import RunRow
 
 
 def current_identity() -> RunIdentity:
@@ -21,7 +24,7 @@ def current_identity() -> RunIdentity:
     return RunIdentity(pid, process_start_time(pid) or 0.0, socket.gethostname(), boot_id())
 
 
-def death_of(run: sqlite3.Row) -> str | None:
+def death_of(run: RunRow) -> str | None:
     """Why the run's orchestrator is known to be gone, or None if it may still be alive."""
     who = f"orchestrator pid {run['pid']} (run #{run['id']})"
     if run["host"] != socket.gethostname():

@@ -5,17 +5,19 @@ Reads plain rows; imports nothing heavy, so `orch status` starts fast.
 
 from __future__ import annotations
 
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.durations import format_duration
 from orchestrator.core.findings import Finding, summarize
 from orchestrator.core.guards import note as guard_text
 from orchestrator.core.status import TODOWRITE, Status
 from orchestrator.core.terminal import clean, plural, terminal_width
+
+if TYPE_CHECKING:
+    from orchestrator.store.rows import ListedTodoRow, RunRow, TodoRow
 
 STATUS_SCHEMA = "orch.status/v1"
 
@@ -50,7 +52,7 @@ def iso(ts: float | None) -> str | None:
     )
 
 
-def duration_of(row: sqlite3.Row) -> float | None:
+def duration_of(row: TodoRow) -> float | None:
     """Seconds the latest attempt took; None while it runs or if it never ran."""
     if row["started_at"] is None or row["ended_at"] is None:
         return None
@@ -70,7 +72,7 @@ SUMMARY_ORDER = (
 )
 
 
-def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
+def counts(rows: Sequence[TodoRow]) -> dict[str, int]:
     out = {str(s): 0 for s in SUMMARY_ORDER}
     for r in rows:
         out[r["status"]] += 1
@@ -80,9 +82,9 @@ def counts(rows: Sequence[sqlite3.Row]) -> dict[str, int]:
 def render_board(
     plan_name: str,
     store_path: str,
-    rows: Sequence[sqlite3.Row],
+    rows: Sequence[ListedTodoRow],
     findings: Mapping[str, list[Finding]],
-    run: sqlite3.Row | None,
+    run: RunRow | None,
     stale: Mapping[str, Sequence[str]] | None = None,
     color: bool = False,
     width: int | None = None,
@@ -96,7 +98,7 @@ def render_board(
         max((len(r["title"]) + 2 * (added(r) or bool(role(r))) for r in rows), default=5), 36
     )
     for r in rows:
-        status = Status(r["status"])
+        status = r["status"]
         mark, code = MARKS[status]
         took = format_duration(duration_of(r))
         if status is Status.IN_PROGRESS and r["started_at"]:  # how long it has been running
@@ -105,7 +107,9 @@ def render_board(
         if status.done and r["id"] in stale:  # a skip's `when` reason may no longer hold
             extra = "stale: " + "; ".join(stale[r["id"]])
         elif status in (Status.COMPLETED, Status.IN_PROGRESS):
-            extra = summarize(findings.get(r["id"], [])) or (r["reason"] if not r["kind"] else "")
+            extra = summarize(findings.get(r["id"], [])) or (
+                r["reason"] or "" if not r["kind"] else ""
+            )
         else:  # why it is not done; else what someone noted on it
             extra = r["reason"] or summarize(findings.get(r["id"], []))
         title = f"+ {r['title']}" if added(r) else r["title"]
@@ -146,20 +150,18 @@ def render_board(
 
 # The options of the run that `orch approve` needs as well: the same vars make the same plan
 # (the approval is of its hash), the same store is where the approval goes.
-def role(row: sqlite3.Row) -> str | None:
+def role(row: TodoRow) -> str | None:
     """A compensation's or `finally` task's role; None for a step of the plan. (An older store
     has the column too: opening it upgrades it, and a read-only one is refused.)"""
-    return row["role"]  # type: ignore[no-any-return]
+    return row["role"]
 
 
-def added(row: sqlite3.Row) -> bool:
+def added(row: TodoRow) -> bool:
     """Put on the board by an agent or `orch todo add`, not declared by the plan file."""
     return bool(row["origin"] and row["origin"] != "plan")
 
 
-def _headline(
-    plan_name: str, store_path: str, run: sqlite3.Row | None, rows: Sequence[sqlite3.Row]
-) -> str:
+def _headline(plan_name: str, store_path: str, run: RunRow | None, rows: Sequence[TodoRow]) -> str:
     if run is None:
         return f"{plan_name} · never run · {store_path}"
     started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M")
@@ -194,9 +196,9 @@ def _fit(text: str, width: int) -> str:
 def status_json(
     plan_name: str,
     store_path: str,
-    rows: Sequence[sqlite3.Row],
+    rows: Sequence[ListedTodoRow],
     findings: Mapping[str, list[Finding]],
-    run: sqlite3.Row | None,
+    run: RunRow | None,
     stale: Mapping[str, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """The documented `orch status --json` object (schema orch.status/v1, see docs/design.md)."""
@@ -254,12 +256,12 @@ def status_json(
     }
 
 
-def todowrite(rows: Sequence[sqlite3.Row], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
+def todowrite(rows: Sequence[TodoRow], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
     """The todowrite tool's input: {"todos": [{"content", "status", "priority"}]}; a task
     that no plan file declares also has "added_by" (agent or person)."""
     todos = []
     for r in rows:
-        status = Status(r["status"])
+        status = r["status"]
         note = summarize(findings.get(r["id"], []))
         if status in (Status.FAILED, Status.BLOCKED, Status.INTERRUPTED):
             note = f"{status}: {r['reason'] or r['last_error'] or ''}".rstrip(": ")

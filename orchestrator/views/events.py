@@ -17,11 +17,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.findings import Finding, summarize
 from orchestrator.store.db import Store, decode
 from orchestrator.views.board import iso
+
+if TYPE_CHECKING:
+    from orchestrator.store.rows import RunRow
 
 EVENT_SCHEMA = "orch.event/v1"
 POLL_S = 0.2
@@ -94,7 +97,7 @@ def read(store: Store, cursor: Cursor) -> list[dict[str, Any]]:
     return [{"schema": EVENT_SCHEMA, **e} for _, _, e in events]
 
 
-def _run_event(r: Any, state: str, at: float) -> dict[str, Any]:
+def _run_event(r: RunRow, state: str | None, at: float) -> dict[str, Any]:
     return {"type": "run", "run": r["id"], "state": state, "pid": r["pid"], "at": iso(at)}
 
 

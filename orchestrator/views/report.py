@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.durations import format_duration
 from orchestrator.core.errors import UsageError
@@ -28,6 +28,9 @@ from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
 from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
 from orchestrator.store.db import Store, decode, runs_dir
+
+if TYPE_CHECKING:
+    from orchestrator.store.rows import FindingRow, RunRow, TodoRow, TransitionRow
 
 # Colours of a task's attempt by how it ended; colour-blind safe (Okabe-Ito).
 OUTCOME_COLOURS: dict[str, str] = {
@@ -60,7 +63,7 @@ class Attempt:
     outcome: str
 
 
-def attempts_of(transitions: Sequence[Any]) -> tuple[list[Attempt], list[Attempt]]:
+def attempts_of(transitions: Sequence[TransitionRow]) -> tuple[list[Attempt], list[Attempt]]:
     """(attempts that ran, tasks that were skipped or blocked without running) from a run's
     transitions, oldest first: an attempt runs from its in_progress to its next transition."""
     ran: list[Attempt] = []
@@ -188,7 +191,7 @@ def board_now(store: Store) -> list[BoardRow]:
     ]
 
 
-def board_after(store: Store, run: Any) -> list[BoardRow]:
+def board_after(store: Store, run: RunRow) -> list[BoardRow]:
     """Each task as `run` left it, replayed from the store's transitions and findings.
 
     In the history: every row of that run and of earlier ones (run ids grow with time; a run
@@ -199,13 +202,13 @@ def board_after(store: Store, run: Any) -> list[BoardRow]:
     and any task this run moved (one since removed from the plan included)."""
     n, end = run["id"], run["ended_at"]
 
-    def in_history(row: Any) -> bool:
+    def in_history(row: TransitionRow | FindingRow) -> bool:
         if row["run_id"] is not None:
             return bool(row["run_id"] <= n)
         return end is None or row["at"] <= end
 
     moves, found = store.events_after(0, 0, limit=_EVERY_ROW)
-    last: dict[str, Any] = {}
+    last: dict[str, TransitionRow] = {}
     started: dict[str, float] = {}
     took: dict[str, float | None] = {}
     moved_here: set[str] = set()
@@ -232,7 +235,7 @@ def board_after(store: Store, run: Any) -> list[BoardRow]:
         findings.setdefault(f["task_id"], []).append(
             Finding(f["key"], decode(f["value"]), f["unit"], f["note"], f["author"])
         )
-    todos = {t["id"]: t for t in store.todos() if t["id"] in last}
+    todos: dict[str, TodoRow] = {t["id"]: t for t in store.todos() if t["id"] in last}
     for task in moved_here - todos.keys():
         if (row := store.todo(task)) is not None:
             todos[task] = row
@@ -378,7 +381,7 @@ def _finding_text(f: Finding) -> str:
 
 def _page(
     store: Store,
-    run: Any,
+    run: RunRow,
     replayed: int | None,  # the latest run's id when the board is replayed (board_after)
     board: Sequence[BoardRow],
     figures: Sequence[Figure],

@@ -7,7 +7,6 @@ run's task as running.
 
 from __future__ import annotations
 
-import sqlite3
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,15 +19,16 @@ from orchestrator.views.board import status_json
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Plan
+    from orchestrator.store.rows import ListedTodoRow, RunRow
 
 
 @dataclass(frozen=True)
 class Snapshot:
     name: str
     path: Path
-    rows: Sequence[sqlite3.Row]
+    rows: Sequence[ListedTodoRow]
     findings: Mapping[str, list[Finding]]
-    run: sqlite3.Row | None
+    run: RunRow | None
     stale: Mapping[str, Sequence[str]] | None
 
     @property
@@ -57,13 +57,11 @@ def take(
         runs = store.runs(1)
         name = store.plan_name() or (plan.name if plan else path.stem)
         if stale is None and plan is not None:
-            from orchestrator.plan.model import with_added
             from orchestrator.run.stale import stale_of
-            from orchestrator.run.todos import added_tasks
+            from orchestrator.run.todos import plan_as_run
 
-            stale = stale_of(
-                with_added(plan, added_tasks(store)), rows, store.done_marks(), store.findings_as_of
-            )
+            ran = plan_as_run(plan, store)
+            stale = stale_of(ran, rows, store.done_marks(), store.findings_as_of)
     finally:
         store.close()
     return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
