@@ -22,15 +22,14 @@ from orchestrator.core.errors import (
     EXIT_USAGE,
     OrchError,
     PlanError,
-    StoreError,
     UsageError,
 )
 
 if TYPE_CHECKING:
-    import sqlite3
-
-    from orchestrator.plan.model import Plan
+    from orchestrator.api import Runbook, RunRequest, RunSummary
     from orchestrator.store.db import Store
+    from orchestrator.store.rows import TodoRow
+    from orchestrator.views.snapshot import Snapshot
 
 STORE_HELP = "SQLite store (default: .orch/<plan name>.db beside the plan; env ORCH_STORE)."
 store_option = click.option(
@@ -119,16 +118,10 @@ class OrchGroup(click.Group):
 
             if exc.errno not in STORAGE_ERRNOS:
                 raise
-            click.echo(f"orch: {_describe_os_error(exc)}", err=True)
+            from orchestrator.api import describe_os_error
+
+            click.echo(f"orch: {describe_os_error(exc)}", err=True)
             ctx.exit(EXIT_USAGE)
-
-
-def _describe_os_error(exc: OSError) -> str:
-    where = f" writing {exc.filename}" if exc.filename else ""
-    return (
-        f"{exc.strerror}{where}: the run stopped, what the store recorded is intact; "
-        "fix the storage (free space), then run again"
-    )
 
 
 @click.group(
@@ -222,35 +215,11 @@ def run(
       orch run plans/demo.yaml
       orch run plans/demo.yaml --rerun checksum --var size_mb=16
     """
-    from orchestrator.store.finished import already_finished, guess_store, plan_digest
+    from orchestrator.api import Runbook, RunRequest, stoppable
 
-    _stoppable()
-    digest = plan_digest(plan_file, var_args)
-    guess = guess_store(plan_file, store_opt)
-    if digest and guess and not (rerun or from_task or only) and already_finished(guess, digest):
-        if not (quiet or as_json):
-            click.echo(
-                "orch: nothing to do: the plan is unchanged and every task is done "
-                "(--rerun ID to run one again)",
-                err=True,
-            )
-        _show_status(guess, None, as_json)
-        sys.exit(EXIT_OK)
-
-    _execute(
-        plan_file,
-        store_opt,
-        var_args,
-        quiet,
-        as_json,
-        keep_going=keep_going,
-        rerun=rerun,
-        from_task=from_task,
-        only=only,
-        plan_digest=digest,
-        jobs=jobs,
-        approve=approve,
-    )
+    stoppable()
+    request = RunRequest(rerun, from_task, only, keep_going, jobs, approve)
+    _execute(Runbook(plan_file, store_opt, var_args), request, quiet, as_json)
 
 
 @cli.command()
@@ -269,8 +238,10 @@ def rollback(
     Example:
       orch rollback plans/sglang_migration.yaml
     """
-    _stoppable()
-    _execute(plan_file, store_opt, var_args, quiet, as_json, rollback=True)
+    from orchestrator.api import Runbook, stoppable
+
+    stoppable()
+    _execute(Runbook(plan_file, store_opt, var_args), None, quiet, as_json)
 
 
 @cli.command()
@@ -296,169 +267,60 @@ def approve(
     Example:
       orch approve plans/sglang_migration.yaml confirm_stop -m "maintenance window"
     """
-    from orchestrator.core.status import Status
-    from orchestrator.run import approvals
+    from orchestrator.api import Runbook
 
-    plan = _load(plan_file, var_args)
-    path = _store_path(store_opt, plan)
-    ran = _plan_as_run(plan, path)  # the gate may be one added to the store
-    _check_gate(ran, task_id)  # before anything is written: a mistyped ID changes nothing
-    store = _open_writable(path)  # approving before the first run is allowed
-    try:
-        from orchestrator.run.todos import ensure_plan
-
-        if store.todo(task_id) is None:
-            ensure_plan(plan, store)
-        plan_digest, seen = approvals.hashes(ran, task_id, store)
-        by = approvals.who()
-        store.approve(task_id, by, note, plan_digest, seen, "orch approve")
-        if (row := store.todo(task_id)) is not None and row["status"] == Status.WAITING:
-            store.note_reason(task_id, f"approved by {by}: the next `orch run` passes it")
-    finally:
-        store.close()
+    done = Runbook(plan_file, store_opt, var_args).approve(task_id, note)
     if as_json:
-        doc = {"task": task_id, "by": by, "note": note, "plan_hash": plan_digest}
-        click.echo(json.dumps({**doc, "findings_hash": seen, "next": f"orch run {plan_file}"}))
+        click.echo(json.dumps({**done, "next": f"orch run {plan_file}"}))
         return
     click.echo(
-        f"{task_id} approved by {by} (plan {plan_digest}, findings {seen}): "
-        f"`orch run {plan_file}` goes on from there"
+        f"{task_id} approved by {done['by']} (plan {done['plan_hash']}, findings "
+        f"{done['findings_hash']}): `orch run {plan_file}` goes on from there"
     )
 
 
-def _stoppable() -> None:
-    """Ctrl-C, SIGTERM and SIGHUP end a run cleanly (exit 130), whatever the shell did."""
-    import signal
-
-    from orchestrator.core.errors import Interrupted
-
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
-    signal.signal(signal.SIGHUP, interrupt)
-    # Started with `&` from a script, orch inherits SIGINT ignored (POSIX) and Python then
-    # installs no handler: `kill -INT` would do nothing. A run must always be stoppable.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def _plan_as_run(plan: Plan, path: Path) -> Plan:
-    """The plan a run on the store at `path` runs: the file's tasks and those added to the
-    store (`orch todo add`, an agent), as `execute` builds it. Read by a peek, which writes
-    nothing; a store that cannot be read adds nothing here (the open that follows says why)."""
-    from contextlib import closing
-
-    from orchestrator.plan.model import with_added
-    from orchestrator.run.todos import added_tasks
-    from orchestrator.store.db import SQLITE_ERRORS, Store
-
-    if not path.exists():
-        return plan
-    try:
-        with closing(Store.peek(path)) as store:
-            added = added_tasks(store)
-    except (*SQLITE_ERRORS, StoreError):
-        return plan
-    return with_added(plan, added)
-
-
-def _check_gate(plan: Plan, task_id: str) -> None:
-    """A usage error unless `task_id` is an approval gate of `plan` (the plan as run: see
-    _plan_as_run), for `approve` and `--approve`."""
-    from orchestrator.core.errors import did_you_mean
-    from orchestrator.run.approvals import GATE_KIND
-
-    task = plan.by_id.get(task_id)
-    if task is None or task.spec.kind != GATE_KIND:
-        gates = [t.id for t in plan.tasks if t.spec.kind == GATE_KIND]
-        raise UsageError(
-            f"{task_id!r} is not an approval gate of {plan.file}"
-            f"{did_you_mean(task_id, gates)} (gates: {', '.join(gates) or 'none'})"
-        )
-
-
-def _execute(
-    plan_file: Path,
-    store_opt: str | None,
-    var_args: tuple[str, ...],
-    quiet: bool,
-    as_json: bool,
-    **run_options: Any,
-) -> None:
-    """Load the plan, run it (the live board on a terminal), print the board, exit."""
-    from contextlib import nullcontext
-
-    from orchestrator.run.loop import RunOptions, execute
+def _execute(runbook: Runbook, request: RunRequest | None, quiet: bool, as_json: bool) -> NoReturn:
+    """Run (or, with no request, roll back) through the engine API, with the live board on a
+    terminal; print the board; exit with the run's code."""
+    from orchestrator.core.status import RunOutcome
     from orchestrator.views.liveboard import LiveBoard, wanted
 
-    plan = _load(plan_file, var_args)
-    path = _store_path(store_opt, plan)
-    if gates := run_options.get("approve", ()):
-        ran = _plan_as_run(plan, path)  # a gate may be one added to the store
-        for gate in gates:
-            _check_gate(ran, gate)  # a mistyped --approve would leave the run at its gate
     # On a terminal the board is redrawn in place and the log lines go to events.jsonl only.
-    live = not (quiet or as_json) and wanted(sys.stderr)
-    options = RunOptions(
-        console_level="critical" if live else "warning" if quiet or as_json else "info",
-        **run_options,
-    )
+    shown = not (quiet or as_json) and wanted(sys.stderr)
+    live = LiveBoard(lambda: runbook.store_path.absolute()) if shown else None
+    console = "critical" if live else "warning" if quiet or as_json else "info"
+    on_event = live.event if live is not None else None
     try:
-        with LiveBoard(path.absolute()) if live else nullcontext():
-            result = execute(plan, path, options)
-    except OrchError as exc:
-        _record_stop(path, str(exc))
-        raise
-    except OSError as exc:
-        fault = _storage_fault(path, exc)
-        if fault is None:
-            raise
-        _record_stop(path, fault)
-        raise StoreError(fault) from None
-    except KeyboardInterrupt:
-        # The board goes to stderr (stdout may be piped on); --json always to stdout.
-        _show_status(path, plan, as_json, stream=None if as_json else sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
-    _show_status(path, plan, as_json, stale=result.stale)
-    sys.exit(result.exit_code)
-
-
-def _storage_fault(path: Path, exc: OSError) -> str | None:
-    """What an OSError that ended a run means, if the storage is to blame: the store or its
-    logs removed under the run (a task's log gone), a full or failing disk. None: a bug."""
-    from orchestrator.store.db import STORAGE_ERRNOS, lost_message, runs_dir
-
-    if not path.exists():
-        return lost_message(path)
-    if exc.errno in STORAGE_ERRNOS:
-        return _describe_os_error(exc)
-    runs = runs_dir(path).absolute()
-    if exc.filename and Path(os.path.abspath(exc.filename)).is_relative_to(runs):
-        return (
-            f"{exc.filename}: {exc.strerror}: orch's logs were removed or changed during "
-            "the run, so the run stopped; run again to retry what did not complete"
-        )
-    return None
-
-
-def _record_stop(path: Path, why: str) -> None:
-    """After a storage fault stopped this run, try to close it and mark its task interrupted,
-    so the board says why rather than "died"; where the store cannot take even that (still
-    full, gone, read-only), the next run or status closes the run as crashed."""
-    from orchestrator.store.db import Store
-
-    try:
-        store = Store.open(path, create=False)
-    except OrchError:
-        return
-    try:
-        for r in store.open_runs():
-            if r["pid"] == os.getpid() and not store.readonly:
-                store.close_run(r["id"], "failed", f"the run stopped: {why}")
-    except OrchError:
-        pass
+        if request is None:
+            summary = runbook.rollback(console=console, on_event=on_event)
+        else:
+            summary = runbook.run(request, console=console, on_event=on_event)
     finally:
-        store.close()
+        if live is not None:
+            live.close()
+    if summary.nothing_to_do and not (quiet or as_json):
+        click.echo(
+            "orch: nothing to do: the plan is unchanged and every task is done "
+            "(--rerun ID to run one again)",
+            err=True,
+        )
+    if summary.outcome == RunOutcome.INTERRUPTED:  # the board to stderr (stdout may be piped)
+        _show(runbook.status(_warn), as_json, stream=None if as_json else sys.stderr)
+    else:
+        _show(_snapshot(runbook, summary), as_json)
+    sys.exit(summary.exit_code)
+
+
+def _snapshot(runbook: Runbook, summary: RunSummary) -> Snapshot:
+    """The board right after a run, with what the run found stale (nothing to do: as the
+    store has it, no plan loaded: the fast path stays a hash and one query)."""
+    from orchestrator.views.snapshot import take
+
+    return take(runbook.store_path, None, None if summary.nothing_to_do else summary.stale, _warn)
+
+
+def _warn(text: str) -> None:
+    click.echo(f"orch: {text}", err=True)
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -500,89 +362,35 @@ def status(
       orch status plans/demo.yaml
       orch status plans/demo.yaml --format todowrite
     """
-    if var_args and not plan_file:
-        raise UsageError("--var and --vars-file need PLAN: they change what is stale in it")
-    if plan_file and not watch:  # the plan unchanged since the last run: the store answers
-        from orchestrator.run.stale import cached_stale
-        from orchestrator.store.finished import guess_store, plan_digest
+    from orchestrator.api import Runbook
 
-        digest, guess = plan_digest(plan_file, var_args), guess_store(plan_file, store_opt)
-        stale = cached_stale(guess, digest) if digest and guess else None
-        if guess is not None and stale is not None:
-            _show_status(guess, None, as_json, todowrite=fmt == "todowrite", stale=stale)
-            return
-    plan = None
-    if plan_file:
-        try:
-            plan = _load(plan_file, var_args)
-        except PlanError as exc:  # mid-edit, mid-incident: the board is needed all the more
-            path = _store_despite(plan_file, store_opt, exc)
-        else:
-            path = _store_path(store_opt, plan)
-    else:
-        path = _store_path(store_opt, None)
+    runbook = Runbook(plan_file, store_opt, var_args)
     if watch:
-        _watch(path, plan, as_json, todowrite=fmt == "todowrite")
+        _watch(runbook, as_json, todowrite=fmt == "todowrite")
     else:
-        _show_status(path, plan, as_json, todowrite=fmt == "todowrite")
+        _show(runbook.status(_warn), as_json, todowrite=fmt == "todowrite")
 
 
-def _store_despite(plan_file: Path, store_opt: str | None, exc: PlanError) -> Path:
-    """The store of a plan that does not load (--store, ORCH_STORE, else the one its `name`
-    gives, read by a pattern as `orch run` guesses it), with a warning that names the plan's
-    problem; `exc` again when there is no such store."""
-    from orchestrator.store.finished import guess_store
-
-    path = guess_store(plan_file, store_opt) if plan_file.is_file() else None
-    if path is None or not path.exists():
-        raise exc
-    more = len(exc.issues) - 1
-    also = f" (and {more} more: orch validate {plan_file})" if more else ""
-    click.echo(
-        f"orch: warning: {exc.issues[0]}{also}; the board is {path} as recorded: "
-        "staleness could not be computed",
-        err=True,
-    )
-    return path
-
-
-def _show_status(
-    path: Path,
-    plan: Plan | None,
-    as_json: bool,
-    todowrite: bool = False,
-    stale: dict[str, Any] | None = None,
-    stream: Any = None,
-) -> None:
+def _show(snap: Snapshot, as_json: bool, todowrite: bool = False, stream: Any = None) -> None:
     from orchestrator.core.terminal import use_color
 
     stream = stream or sys.stdout
-    text, _ = _status_text(path, plan, as_json, todowrite, stale, use_color(stream))
-    click.echo(text, file=stream)
+    click.echo(_board_text(snap, as_json, todowrite, use_color(stream)), file=stream)
 
 
-def _status_text(
-    path: Path,
-    plan: Plan | None,
-    as_json: bool,
-    todowrite: bool,
-    stale: dict[str, Any] | None,
-    color: bool,
-) -> tuple[str, bool]:
-    """The board (or its JSON) as text, and whether a run is going now."""
+def _board_text(snap: Snapshot, as_json: bool, todowrite: bool, color: bool) -> str:
+    """The board, its JSON, or the todowrite list, as text."""
     from orchestrator.views import board
-    from orchestrator.views.snapshot import take
 
-    snap = take(path, plan, stale, warn=lambda text: click.echo(f"orch: {text}", err=True))
     if todowrite:
-        return json.dumps(board.todowrite(snap.rows, snap.findings), indent=2), snap.going
+        return json.dumps(board.todowrite(snap.rows, snap.findings), indent=2)
     if as_json:
-        return json.dumps(snap.as_json(), indent=2), snap.going
-    args = (snap.name, str(path), snap.rows, snap.findings, snap.run, snap.stale)
-    return board.render_board(*args, color=color), snap.going
+        return json.dumps(snap.as_json(), indent=2)
+    args = (snap.name, str(snap.path), snap.rows, snap.findings, snap.run, snap.stale)
+    return board.render_board(*args, color=color)
 
 
-def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> None:
+def _watch(runbook: Runbook, as_json: bool, todowrite: bool) -> None:
     """Redraw the board whenever it changes (in place on a terminal, one after another in a
     pipe) until no run is going; Ctrl-C stops watching (exit 0)."""
     import time
@@ -591,17 +399,18 @@ def _watch(path: Path, plan: Plan | None, as_json: bool, todowrite: bool) -> Non
 
     tty, shown = sys.stdout.isatty(), None
     try:
-        while not path.exists():  # started before the run made the store
+        while not runbook.store_path.exists():  # started before the run made the store
             if shown is None:
-                click.echo(f"waiting for a run to create {path} ...", err=True)
+                click.echo(f"waiting for a run to create {runbook.store_path} ...", err=True)
                 shown = ""
             time.sleep(0.5)
         while True:
-            text, going = _status_text(path, plan, as_json, todowrite, None, use_color(sys.stdout))
+            snap = runbook.status(_warn)
+            text = _board_text(snap, as_json, todowrite, use_color(sys.stdout))
             if text != shown:
                 click.echo(("\x1b[H\x1b[2J" if tty else "") + text, nl=True)
                 shown = text
-            if not going:
+            if not snap.going:
                 return
             time.sleep(1.0)
     except KeyboardInterrupt:
@@ -623,7 +432,10 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
       orch validate plans/sglang_migration.yaml
       orch validate plans/demo.yaml --var size_mb=64
     """
-    plan = _load(plan_file, var_args)  # a bad plan: OrchGroup prints it (as JSON with --json)
+    from orchestrator.api import Runbook
+
+    # A bad plan: OrchGroup prints it (as JSON with --json).
+    plan = Runbook(plan_file, None, var_args).load()
     if as_json:
         click.echo(
             json.dumps(
@@ -676,18 +488,13 @@ def plan_cmd(
     Example:
       orch plan plans/demo.yaml --rerun write_data
     """
-    from orchestrator.run.dryrun import dry_run
+    from orchestrator.api import Runbook, RunRequest
 
-    plan = _load(plan_file, var_args)
-    path = _store_path(store_opt, plan)
-    store = _open_store(path) if path.exists() else None
-    try:
-        steps = dry_run(plan, store, rerun, from_task, only)
-    finally:
-        if store is not None:
-            store.close()
+    runbook = Runbook(plan_file, store_opt, var_args)
+    steps = runbook.dry_run(RunRequest(rerun, from_task, only))
     if as_json:
-        click.echo(json.dumps({"plan": plan.name, "store": str(path), "steps": steps}, indent=2))
+        doc = {"plan": runbook.load().name, "store": str(runbook.store_path), "steps": steps}
+        click.echo(json.dumps(doc, indent=2))
         return
     from orchestrator.core.terminal import clean  # reasons quote findings and what a check saw
 
@@ -746,7 +553,7 @@ def logs(
     from orchestrator.proc.procfs import tail
     from orchestrator.store.db import runs_dir
 
-    path = _store_path(store_opt, None, plan_file)
+    path = _store_path(store_opt, plan_file)
     store = _open_store(path)
     try:
         row = _task_row(store, path, task_id)
@@ -810,7 +617,7 @@ def _id_missing(plan_file: Path, store_opt: str | None) -> str:
     """`orch logs PLAN` alone: the ID is missing, with an example (a task of its store)."""
     example = "ID"
     try:
-        store = _open_store(_store_path(store_opt, None, plan_file))
+        store = _open_store(_store_path(store_opt, plan_file))
         try:
             example = next((r["id"] for r in store.todos()), example)
         finally:
@@ -853,13 +660,13 @@ def history(
     from orchestrator.core.terminal import clean
     from orchestrator.views.board import iso
 
-    path = _store_path(store_opt, None, plan_file)
+    path = _store_path(store_opt, plan_file)
     store = _open_store(path)
     try:
         if task_id or transitions:
             if task_id:  # a removed task's row stays, hidden: its history shows
                 _task_row(store, path, task_id)
-            rows = [dict(r) for r in store.transitions(task_id, limit)]
+            rows: list[dict[str, Any]] = [dict(r) for r in store.transitions(task_id, limit)]
             for r in rows:
                 r["at"] = iso(r["at"])
             if as_json:
@@ -871,7 +678,7 @@ def history(
                     f"{clean(r['reason'] or '', multiline=False)}"
                 )
             return
-        runs = [dict(r) for r in store.runs(limit)]
+        runs: list[dict[str, Any]] = [dict(r) for r in store.runs(limit)]
     finally:
         store.close()
     for r in runs:
@@ -915,7 +722,7 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     Example:
       orch reset plans/demo.yaml --yes
     """
-    path = _store_path(store_opt, None, plan_file)
+    path = _store_path(store_opt, plan_file)
     if not path.exists() and not path.is_symlink():  # a fresh clone: already a fresh start
         click.echo(f"no store at {path} yet: nothing to reset")
         return
@@ -929,34 +736,19 @@ def _forget(
     why: str,
     confirm: bool = False,
 ) -> None:
-    from orchestrator.core.errors import did_you_mean
-    from orchestrator.store.finished import DIGEST_KEY
-    from orchestrator.store.liveness import close_dead_runs, current_identity
-    from orchestrator.store.lock import RunLock
-
-    path = _store_path(store_opt, None, plan_file)
-    store = _open_store(path)
-    lock = RunLock(path)
-    try:
-        known = [r["id"] for r in store.todos()]
-        for task_id in task_ids or ():
-            if task_id not in known:
-                raise UsageError(f"no task {task_id!r} in {path}{did_you_mean(task_id, known)}")
-        ids = list(task_ids or known)
-        question = f"forget all {len(ids)} tasks recorded in {path}?"
-        if confirm and not _confirm(question, "--yes", "to reset without asking"):
-            raise UsageError("nothing was changed")
-        who = current_identity()
-        lock.acquire({"pid": who.pid, "host": who.host, "argv": f"orch {why.split()[-1]}"})
-        close_dead_runs(store, holding_lock=True)  # a dead run's task: interrupted first
-        done = store.forget(ids, why)
-        store.set_meta(DIGEST_KEY, None)  # a finished plan has work again
-    finally:
-        lock.release()
-        store.close()
+    from orchestrator.api import Runbook
     from orchestrator.core.terminal import plural
 
-    click.echo(f"{plural(len(done), 'task')} forgotten in {path}: {', '.join(done) or '-'}")
+    runbook = Runbook(plan_file, store_opt)
+    ask = (
+        (lambda question: _confirm(question, "--yes", "to reset without asking"))
+        if confirm
+        else (lambda _: True)
+    )
+    done = runbook.forget(task_ids, why, ask)
+    click.echo(
+        f"{plural(len(done), 'task')} forgotten in {runbook.store_path}: {', '.join(done) or '-'}"
+    )
 
 
 def _confirm(question: str, flag: str, what: str) -> bool:
@@ -1015,7 +807,7 @@ def report(
     """
     from orchestrator.views.report import kind_sections, write_report
 
-    path = _store_path(store_opt, None, plan_file)
+    path = _store_path(store_opt, plan_file)
     store = _open_store(path)
     folder = out_dir or path.with_suffix(".report")
     try:
@@ -1078,8 +870,8 @@ def todo_add(
     var_args: tuple[str, ...],
 ) -> None:
     """Add task ID to PLAN's store."""
+    from orchestrator.api import Runbook
     from orchestrator.plan.model import parse_var
-    from orchestrator.run import todos
 
     definition: dict[str, Any] = {"id": task_id, "priority": priority}
     if extra:
@@ -1100,12 +892,7 @@ def todo_add(
             definition["params"] = dict(parse_var(p) for p in params)
         except ValueError as exc:
             raise UsageError(f"--param: {exc}") from None
-    plan = _load(plan_file, var_args)
-    store = _open_writable(_store_path(store_opt, plan))
-    try:
-        todos.add(plan, store, definition, "person")
-    finally:
-        store.close()
+    Runbook(plan_file, store_opt, var_args).add_task(definition, "person")
     what = (
         f"a {definition['kind']} task: `orch run` runs it"
         if "kind" in definition  # --kind sets it; --yaml may
@@ -1125,13 +912,10 @@ def todo_set(
 ) -> None:
     """Set the status of todo ID (one with no kind) to any status of the board: pending,
     in_progress, completed, skipped (or cancelled), failed, blocked, interrupted, waiting."""
-    from orchestrator.run import todos
+    from orchestrator.api import Runbook
+    from orchestrator.run.todos import status_of
 
-    store = _open_writable(_store_path(store_opt, None, plan_file))
-    try:
-        store.set_todo(task_id, todos.status_of(status_word), note, "person")
-    finally:
-        store.close()
+    Runbook(plan_file, store_opt).set_todo(task_id, status_of(status_word), note, "person")
     click.echo(f"{task_id}: {status_word}")
 
 
@@ -1141,13 +925,9 @@ def todo_set(
 @store_option
 def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
     """Remove added task ID from the board (its history stays in the store)."""
-    from orchestrator.run.todos import remove
+    from orchestrator.api import Runbook
 
-    store = _open_writable(_store_path(store_opt, None, plan_file))
-    try:
-        remove(store, task_id, "person")
-    finally:
-        store.close()
+    Runbook(plan_file, store_opt).remove_task(task_id, "person")
     click.echo(f"removed {task_id}")
 
 
@@ -1173,8 +953,8 @@ def todo_note(
       orch todo note plans/demo.yaml checksum "the disk was nearly full"
       orch todo note plans/demo.yaml checksum --finding disk_free=3.2 --unit GiB
     """
+    from orchestrator.api import Runbook
     from orchestrator.plan.model import parse_var
-    from orchestrator.run import todos
 
     key = value = None
     if finding is not None:
@@ -1182,19 +962,8 @@ def todo_note(
             key, value = parse_var(finding)
         except ValueError as exc:
             raise UsageError(f"--finding: {exc}") from None
-    store = _open_writable(_store_path(store_opt, None, plan_file))
-    try:
-        todos.note(store, task_id, "person", text, key, value, unit)
-    finally:
-        store.close()
+    Runbook(plan_file, store_opt).record(task_id, "person", text, key, value, unit)
     click.echo(f"noted on {task_id}")
-
-
-def _open_writable(path: Path) -> Store:
-    """The store, made if there is none yet (a person's or agent's entry may come first)."""
-    from orchestrator.store.db import Store
-
-    return Store.open(path, create=True)
 
 
 @cli.command()
@@ -1221,7 +990,7 @@ def events(
     from orchestrator.views.events import follow as feed
     from orchestrator.views.events import format_event
 
-    path = _store_path(store_opt, None, plan_file)
+    path = _store_path(store_opt, plan_file)
     try:
         for e in feed(path, lines, follow):
             click.echo(json.dumps(e) if as_json else clean(format_event(e), multiline=False))
@@ -1245,59 +1014,25 @@ def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]
       {"command": "orch", "args": ["mcp", "plans/demo.yaml"]}
     """
     from orchestrator.agent.server import serve
+    from orchestrator.api import Runbook
 
-    plan = _load(plan_file, var_args) if plan_file else None
-    serve(plan, _store_path(store_opt, plan), plan_file, var_args)
+    runbook = Runbook(plan_file, store_opt, var_args)
+    if plan_file is not None:
+        runbook.load()  # a bad plan is the command's error, before the protocol starts
+    serve(runbook)
 
 
 # --- shared ----------------------------------------------------------------------------------
 
 
-def _load(plan_file: Path, var_args: tuple[str, ...]) -> Plan:
-    import gc
+def _store_path(store_opt: str | None, plan_file: Path | None) -> Path:
+    """Where PLAN's store is (the plan file read for its name only: no kinds imported)."""
+    from orchestrator.api import Runbook
 
-    from orchestrator.plan.model import load_plan, parse_var
-
-    try:
-        overrides = dict(parse_var(v) for v in var_args)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    # Loading makes many objects and no garbage cycles: collecting meanwhile costs a third of
-    # the load time of a 1000-task plan (bench/bench_engine.py).
-    gc.disable()
-    try:
-        return load_plan(plan_file, overrides)
-    finally:
-        gc.enable()
+    return Runbook(plan_file, store_opt).store_path
 
 
-def _store_path(store_opt: str | None, plan: Plan | None, plan_file: Path | None = None) -> Path:
-    """--store / ORCH_STORE, else beside the plan, else the single .orch/*.db around here.
-
-    `plan_file` alone (logs, history) is read only for its name: no kinds are imported.
-    """
-    if store_opt:
-        return Path(store_opt)
-    if plan is not None:
-        return plan.file.parent / ".orch" / f"{plan.name}.db"
-    if plan_file is not None:
-        from orchestrator.plan.yamlsource import load_yaml
-
-        data = load_yaml(plan_file).data
-        name = data.get("name") if isinstance(data, dict) else None
-        if not isinstance(name, str):
-            raise UsageError(f"{plan_file}: the plan has no `name`")
-        return plan_file.parent / ".orch" / f"{name}.db"
-    found = sorted({*Path.cwd().glob(".orch/*.db"), *Path.cwd().glob("*/.orch/*.db")})
-    if len(found) == 1:
-        return found[0].relative_to(Path.cwd())
-    if not found:
-        raise UsageError("no store found here: give the PLAN, --store PATH or ORCH_STORE")
-    listing = ", ".join(str(p.relative_to(Path.cwd())) for p in found)
-    raise UsageError(f"several stores here ({listing}): choose one with PLAN or --store")
-
-
-def _task_row(store: Store, path: Path, task_id: str) -> sqlite3.Row:
+def _task_row(store: Store, path: Path, task_id: str) -> TodoRow:
     """The store's row of `task_id`; a usage error with a did-you-mean if it has none."""
     row = store.todo(task_id)
     if row is None:

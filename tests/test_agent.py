@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
@@ -179,7 +180,15 @@ def test_bad_arguments_are_tool_errors_and_the_server_lives_on(pdir: PlanDir) ->
                 ("run", {"only": ["nope"]}, "nope"),
                 ("todowrite", {"todos": [{"status": "completed"}]}, "content"),
                 ("task", {"id": "prepare", "log_lines": -1}, "log_lines"),
+                # A misspelt argument is refused, never dropped: `onyl` must not run it all.
+                ("run", {"onyl": ["prepare"]},
+                 "run takes no argument 'onyl' (did you mean 'only'?); its arguments: from_task, "
+                 "jobs, keep_going, only, rerun"),
+                ("board", {"verbose": True}, "board takes no argument 'verbose'"),
             ]  # fmt: skip
+            with contextlib.suppress(ToolFailed):
+                await call(s, "run", {"onyl": ["prepare"]})
+            assert (await call(s, "board"))["run"] is None  # refused before anything ran
             await call(s, "run")
             for tool, args, says in bad:
                 try:

@@ -6,12 +6,14 @@ of servers, `orch status` and a live `orch run` share one store (WAL: readers ne
 write is one short IMMEDIATE transaction, queued behind another for up to the busy timeout).
 Writes that could race (adding a task, a todowrite list) are checked inside their transaction.
 
-`run` starts `orch run` as a child process, as a person would: the run keeps its own lock,
-signals, containment and logs, and the server's stdin/stdout stay the protocol's. While it
-runs, each transition and finding becomes a progress notification; a cancelled call stops the
-run as Ctrl-C does (its tasks' processes are ended, the store records `interrupted`).
+Every tool goes through the engine API (orchestrator/api.py, a Runbook), as `orch` does.
+`run` makes the API's run call in a child process (agent/child.py says why): the run keeps its
+own lock, signals, containment and logs, and the server's stdin/stdout stay the protocol's.
+The child streams the run's events; each becomes a progress notification; a cancelled call
+stops the run as Ctrl-C does (its tasks' processes are ended, the store records `interrupted`).
 
-Bad arguments are tool errors with the reason (`ToolError`): never a dead server.
+Bad arguments are tool errors with the reason (`ToolError`), an argument a tool does not take
+included (a misspelt `only` must not run the whole plan): never a dead server.
 """
 
 from __future__ import annotations
@@ -27,16 +29,12 @@ from mcp.server.mcpserver import Context, MCPServer
 from mcp.server.mcpserver.exceptions import ResourceNotFoundError, ToolError
 from pydantic import BaseModel, Field
 
+from orchestrator.api import Runbook
 from orchestrator.core.errors import OrchError, PlanError, did_you_mean
 from orchestrator.core.findings import FindingValue
 from orchestrator.core.status import Status
-from orchestrator.plan.model import Plan, load_plan
+from orchestrator.plan.model import load_plan
 from orchestrator.proc.procfs import tail
-from orchestrator.run import todos as todo_board
-from orchestrator.store.db import Store
-from orchestrator.store.lock import RunLock
-from orchestrator.views.events import Cursor, read
-from orchestrator.views.snapshot import take
 
 R = TypeVar("R")
 AUTHOR = "agent"
@@ -63,42 +61,48 @@ class TodoItem(BaseModel):
     id: str | None = Field(None, description="A board task's id, to name it exactly.")
 
 
-def serve(
-    plan: Plan | None, store_path: Path, plan_file: Path | None, var_args: tuple[str, ...]
-) -> None:
+def serve(runbook: Runbook) -> None:
     """Serve on stdin/stdout until the client closes the connection."""
-    build(plan, store_path.absolute(), plan_file, var_args).run()
+    build(runbook).run()
 
 
-def build(
-    plan: Plan | None, store_path: Path, plan_file: Path | None, var_args: tuple[str, ...]
-) -> MCPServer[Any]:
-    """The server: one closure per tool, sharing the served plan and store."""
-    app: MCPServer[Any] = MCPServer("orch", instructions=INSTRUCTIONS)
+class _StrictServer(MCPServer[Any]):
+    """Refuses an argument a tool does not take, naming it and the ones it takes: the SDK
+    would drop it silently, and a misspelt `only` would run the whole plan."""
 
-    def current_plan() -> Plan:
-        if plan is None:
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:
+        schema = self._tool_input_schema(name)
+        if schema is not None:
+            known = sorted(schema.get("properties", {}))
+            for arg in sorted(set(arguments) - set(known)):
+                raise ToolError(
+                    f"{name} takes no argument {arg!r}{did_you_mean(arg, known)}; "
+                    f"its arguments: {', '.join(known) or 'none'}"
+                )
+        return await super().call_tool(name, arguments, context)
+
+
+def build(runbook: Runbook) -> MCPServer[Any]:
+    """The server: one closure per tool, sharing the served runbook."""
+    app = _StrictServer("orch", instructions=INSTRUCTIONS)
+    store_path = runbook.store_path.absolute()
+    runbook = Runbook(runbook.plan_file, store_path, runbook.var_args)  # the cwd may change
+    plan_file = runbook.plan_file
+
+    def served() -> Runbook:
+        if plan_file is None:
             raise ToolError("serving a store without its plan: start the server as `orch mcp PLAN`")
-        return plan
-
-    def open_store(create: bool = False) -> Store:
-        try:
-            return Store.open(store_path, create=create)
-        except OrchError as exc:
-            raise ToolError(str(exc)) from None
+        return runbook
 
     def board_now() -> dict[str, Any]:
         if not store_path.exists():
-            return {"plan": plan.name if plan else None, "store": str(store_path), "tasks": []}
-        return guarded(lambda: take(store_path, plan).as_json())
+            name = runbook.load().name if plan_file else None
+            return {"plan": name, "store": str(store_path), "tasks": []}
+        return guarded(lambda: runbook.status().as_json())
 
-    if plan is not None:  # the declared tasks on the board from the start: a list handed over
-        try:  # before the first run meets them
-            store = Store.open(store_path, create=True)
-            try:
-                todo_board.ensure_plan(plan, store)
-            finally:
-                store.close()
+    if plan_file is not None:  # the declared tasks on the board from the start: a list handed
+        try:  # over before the first run meets them
+            runbook.ensure_board()
         except OrchError as exc:  # a damaged store, say: every tool will say so too
             print(f"orch mcp: {exc}", file=sys.stderr)
 
@@ -117,21 +121,17 @@ def build(
         """One task in full: its board entry, every status transition (the attempts and their
         reasons), and the last `log_lines` lines of its latest log."""
         entry = entry_of(id)
-        store = open_store()
-        try:
-            transitions = [
-                {
-                    "from": t["from_status"],
-                    "to": t["to_status"],
-                    "reason": t["reason"],
-                    "run": t["run_id"],
-                    "attempt": t["attempt"],
-                    "at": t["at"],
-                }
-                for t in guarded(lambda: store.transitions(id, limit=500))
-            ]
-        finally:
-            store.close()
+        transitions = [
+            {
+                "from": t["from_status"],
+                "to": t["to_status"],
+                "reason": t["reason"],
+                "run": t["run_id"],
+                "attempt": t["attempt"],
+                "at": t["at"],
+            }
+            for t in guarded(lambda: runbook.transitions(id, limit=500))
+        ]
         log = entry["log_path"]
         return {
             **entry,
@@ -154,20 +154,24 @@ def build(
         later one; `jobs`: up to that many ready tasks at once (default: the plan's). Progress
         is reported as tasks start and finish; returns the exit code, the outcome and the
         board. Refused while another run holds the store."""
-        current_plan()
-        lock = RunLock(store_path)
-        if store_path.exists() and not lock.try_probe():
+        served()
+        if holder := runbook.holder():
             raise ToolError(
-                f"the store is in use by {lock.describe_holder()}: wait for it "
-                "(follow it with `board`), or stop it first"
+                f"the store is in use by {holder}: wait for it (follow it with `board`), "
+                "or stop it first"
             )
-        argv = [sys.executable, "-m", "orchestrator", "run", str(plan_file), "--json", "--quiet"]
-        argv += ["--store", str(store_path), *(f"--var={v}" for v in var_args)]
-        argv += [f"--only={t}" for t in only or ()] + [f"--rerun={t}" for t in rerun or ()]
-        argv += [f"--from={from_task}"] if from_task else []
-        argv += ["--keep-going"] if keep_going else []
-        argv += [f"--jobs={jobs}"] if jobs else []
-        return await _run_with_progress(argv, store_path, ctx)
+        request: dict[str, Any] = {"only": only or [], "rerun": rerun or []}
+        request |= {"from_task": from_task}
+        request |= {"keep_going": keep_going, "jobs": jobs}
+        argv = ["orch", "run", str(plan_file), "--store", str(store_path)]
+        argv += [f"--var={v}" for v in runbook.var_args]
+        ask: dict[str, Any] = {"plan": str(plan_file), "store": str(store_path)}
+        ask |= {"vars": runbook.var_args}
+        ask |= {"request": request, "argv": argv}
+        # -P: the working directory is not put first on sys.path, where a tasks.py of the
+        # user's would hide orch's own package (kinds/registry.py finds the user's modules).
+        child = [sys.executable, "-P", "-m", "orchestrator.agent.child", json.dumps(ask)]
+        return await _run_with_progress(child, board_now(), ctx)
 
     @app.tool()
     def todowrite(todos: list[TodoItem]) -> dict[str, Any]:
@@ -177,17 +181,11 @@ def build(
         difference is reported under `differs`; a todo with no kind takes your status. Every
         other item becomes a new todo on the board (`added`). Returns the merge and the board
         as a todo list: there is one list, the board."""
-        store = open_store(create=plan is not None)
-        try:
-            if plan is not None:
-                guarded(lambda: todo_board.ensure_plan(plan, store))
-            items = [i.model_dump() for i in todos]
-            merge = guarded(lambda: todo_board.todowrite(store, items, AUTHOR))
-        finally:
-            store.close()
+        items = [i.model_dump() for i in todos]
+        merge = guarded(lambda: runbook.todowrite(items, AUTHOR))
         from orchestrator.views.board import todowrite as as_todowrite
 
-        snap = guarded(lambda: take(store_path, plan))
+        snap = guarded(runbook.status)
         return {**merge.as_dict(), **as_todowrite(snap.rows, snap.findings)}
 
     @app.tool()
@@ -214,12 +212,7 @@ def build(
         definition |= {k: v for k, v in fields.items() if v is not None}
         if kind is None and set(definition) - {"id", "title", "priority"}:
             raise ToolError("params, needs, when, timeout and preconditions need a kind")
-        served = current_plan()
-        store = open_store(create=True)
-        try:
-            guarded(lambda: todo_board.add(served, store, definition, AUTHOR))
-        finally:
-            store.close()
+        guarded(lambda: served().add_task(definition, AUTHOR))
         return entry_of(id)
 
     @app.tool()
@@ -230,22 +223,16 @@ def build(
     ) -> dict[str, Any]:
         """Set the status of a todo with no kind (one added by `add_task` or `todowrite`),
         with an optional note saying why. A task with a kind gets its status from its runs."""
-        store = open_store()
-        try:
-            guarded(lambda: store.set_todo(id, todo_board.status_of(status), note, AUTHOR))
-        finally:
-            store.close()
+        from orchestrator.run.todos import status_of
+
+        guarded(lambda: runbook.set_todo(id, status_of(status), note, AUTHOR))
         return entry_of(id)
 
     @app.tool()
     def remove_task(id: str) -> str:
         """Remove a task that was added (by an agent or a person) from the board; its history
         stays in the store. Tasks the plan file declares are removed by editing the file."""
-        store = open_store()
-        try:
-            guarded(lambda: todo_board.remove(store, id, AUTHOR))
-        finally:
-            store.close()
+        guarded(lambda: runbook.remove_task(id, AUTHOR))
         return f"removed {id}"
 
     @app.tool()
@@ -259,11 +246,7 @@ def build(
         """Record on a task what you found: a finding (`key`, `value`, optional `unit`, and
         `note` as its comment: key=accept_rate value=0.42 note="no speedup") or a note alone
         (`note`). Kept with you as its author, shown on the board with the task's own."""
-        store = open_store()
-        try:
-            finding = guarded(lambda: todo_board.note(store, task, AUTHOR, note, key, value, unit))
-        finally:
-            store.close()
+        finding = guarded(lambda: runbook.record(task, AUTHOR, note, key, value, unit))
         return {"task": task, **vars(finding)}
 
     @app.tool()
@@ -334,35 +317,37 @@ def guarded(call: Callable[[], R]) -> R:
         raise ToolError(str(exc)) from None
 
 
-async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dict[str, Any]:
-    """Run `orch run` as a child; report each event as progress; stop it if cancelled."""
+async def _run_with_progress(argv: list[str], before: dict[str, Any], ctx: Any) -> dict[str, Any]:
+    """Run the child; report each event it streams as progress; stop it if cancelled."""
     import subprocess
 
     import anyio
+    from anyio.streams.text import TextReceiveStream
 
-    progress = _Progress(store_path)
-    outputs: dict[str, bytes] = {}
+    progress = _Progress(before)
+    outputs: dict[str, Any] = {}
 
-    async def drain(name: str, stream: Any) -> None:
-        chunks = [chunk async for chunk in stream]
-        outputs[name] = b"".join(chunks)
+    async def drain_stderr(stream: Any) -> None:
+        outputs["stderr"] = b"".join([chunk async for chunk in stream])
 
-    async def report() -> None:
-        while True:
-            await anyio.sleep(POLL_S)
-            for line, total, done in await anyio.to_thread.run_sync(progress.read):
-                await ctx.report_progress(done, total, line)
+    async def follow(stream: Any) -> None:
+        async for line in TextReceiveStream(stream):
+            outputs["pending"] = outputs.get("pending", "") + line
+            *whole, outputs["pending"] = outputs["pending"].split("\n")
+            for text in whole:
+                doc = json.loads(text) if text.strip() else {}
+                if "event" in doc:
+                    for message, total, done in progress.see(doc["event"]):
+                        await ctx.report_progress(done, total, message)
+                else:
+                    outputs["last"] = doc
 
     process = await anyio.open_process(argv, stdin=subprocess.DEVNULL, start_new_session=False)
     try:
         async with anyio.create_task_group() as group:
-            group.start_soon(drain, "stdout", process.stdout)
-            group.start_soon(drain, "stderr", process.stderr)
-            group.start_soon(report)
+            group.start_soon(follow, process.stdout)
+            group.start_soon(drain_stderr, process.stderr)
             await process.wait()
-            group.cancel_scope.cancel()
-        for line, total, done in progress.read():
-            await ctx.report_progress(done, total, line)
     except BaseException:
         with anyio.CancelScope(shield=True):  # as Ctrl-C: the run ends its tasks and records it
             if process.returncode is None:
@@ -373,66 +358,33 @@ async def _run_with_progress(argv: list[str], store_path: Path, ctx: Any) -> dic
                     process.kill()
                     await process.wait()
         raise
-    finally:
-        progress.close()
     code = process.returncode
+    last: dict[str, Any] = outputs.get("last") or {}
     stderr = outputs.get("stderr", b"").decode("utf-8", "replace").strip()
-    if code in (2, 3):  # a bad plan or selection, the store in use: nothing ran
-        raise ToolError(stderr or f"orch run exited {code}")
-    try:
-        board = json.loads(outputs.get("stdout", b"") or b"null")
-    except ValueError:
-        board = None
-    outcome = {0: "completed", 1: "failed", 4: "waiting for an approval", 130: "interrupted"}.get(
-        code or 0, f"exit {code}"
-    )
-    return {
-        "exit_code": code,
-        "outcome": outcome,
-        "messages": stderr.splitlines()[-20:],
-        "board": board,
-    }
+    if "error" in last:  # a bad plan or selection, the store in use: nothing ran
+        raise ToolError(last["error"])
+    if "result" not in last:
+        raise ToolError(stderr or f"the run's process exited {code} without a result")
+    return {**last["result"], "messages": stderr.splitlines()[-20:], "board": last.get("board")}
 
 
 class _Progress:
-    """A run's events as progress: (line, tasks the run has to settle, tasks it settled). One
-    read connection for the whole run, opened once the store exists (the run may create it).
+    """A run's events as progress: (line, tasks the run has to settle, tasks it settled).
 
     Progress only grows (MCP asks it to): it counts the tasks this run brought to an end
     (done, failed, blocked...); the total is what was not done as the run began, plus each
     done task it starts again (a `--rerun`), so the total may grow, never the count shrink."""
 
-    def __init__(self, store_path: Path) -> None:
-        self.store_path, self.cursor = store_path, Cursor()
-        self.todo, self.settled = set[str](), set[str]()
-        self.store: Store | None = None
-        self._look(first=True)  # what came before the run is not its progress
+    def __init__(self, board: dict[str, Any]) -> None:
+        self.todo = {t["id"] for t in board["tasks"] if t["kind"] and not Status(t["status"]).done}
+        self.settled = set[str]()
 
-    def read(self) -> list[tuple[str, int, int]]:
-        return self._look(first=False)
-
-    def close(self) -> None:
-        if self.store is not None:
-            self.store.close()
-
-    def _look(self, first: bool) -> list[tuple[str, int, int]]:
+    def see(self, e: dict[str, Any]) -> list[tuple[str, int, int]]:
         from orchestrator.views.events import format_event
 
-        if self.store is None:
-            if not self.store_path.exists():
-                return []
-            self.store = Store.open(self.store_path, create=False)
-        events = read(self.store, self.cursor)
-        rows = self.store.todos()
-        self.todo |= {r["id"] for r in rows if r["kind"] and not Status(r["status"]).done}
-        if first:
-            return []
-        lines = []
-        for e in events:
-            if e["type"] == "transition" and e["to"]:
-                if e["to"] == Status.IN_PROGRESS:
-                    self.todo.add(e["task"])  # a retry of a settled task stays counted
-                elif e["to"] != Status.PENDING:
-                    self.settled.add(e["task"])
-            lines.append((format_event(e), len(self.todo), len(self.settled & self.todo)))
-        return lines
+        if e["type"] == "transition" and e["to"]:
+            if e["to"] == Status.IN_PROGRESS:
+                self.todo.add(e["task"])  # a retry of a settled task stays counted
+            elif e["to"] != Status.PENDING:
+                self.settled.add(e["task"])
+        return [(format_event(e), len(self.todo), len(self.settled & self.todo))]

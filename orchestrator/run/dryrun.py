@@ -12,10 +12,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from orchestrator.core.errors import TemplateError
+from orchestrator.core.guards import GuardRole, undone_by
 from orchestrator.core.guards import note as guard_note
-from orchestrator.core.guards import undone_by
 from orchestrator.core.status import Status
-from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask, with_added
+from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask
 from orchestrator.plan.templating import Ref, evaluate_when, resolve
 from orchestrator.run.approvals import GATE_KIND
 from orchestrator.run.selection import Action, Selection, decide
@@ -40,10 +40,9 @@ def dry_run(
     end of a run that starts a step: one that was due is listed twice); then the store's todos
     with no kind, which nothing runs. Each step names its origin (`plan`, or who added it)."""
     from orchestrator.run.loop import from_folder
-    from orchestrator.run.todos import added_tasks
+    from orchestrator.run.todos import plan_as_run
 
-    if store is not None:
-        plan = with_added(plan, added_tasks(store))
+    plan = plan_as_run(plan, store)
     selection = Selection.of(plan, rerun, from_task, only)
     if only:
         rows = store.todos() if store else []
@@ -129,7 +128,7 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
         # A step that starts arms the `finally` tasks, run at the end of the run (wind_up);
         # one armed by a run that still holds the lock is that run's to run.
         armed_here = armed_run is not None and unended
-        if guard.role == "finally" and not stuck and (starts == "surely" or armed_here):
+        if guard.role == GuardRole.FINALLY and not stuck and (starts == "surely" or armed_here):
             note = guard_note(guard.role, None, armed_run)
             action, reason, _ = _would_run(guard, note, lookup)
         elif guard.id in due_ids:
@@ -137,7 +136,7 @@ def _steps(plan: Plan, store: Store | None, selection: Selection) -> list[dict[s
         else:
             action = "guard"
             reason = guard_note(guard.role, guard.protects, armed_run)
-            if armed_run is None and guard.role != "finally":
+            if armed_run is None and guard.role != GuardRole.FINALLY:
                 reason += " (not armed)"
             elif armed_run is None:
                 reason += (

@@ -51,6 +51,12 @@ def added_tasks(store: Store) -> list[AddedTask]:
     ]
 
 
+def plan_as_run(plan: Plan, store: Store | None) -> Plan:
+    """The plan a run on `store` runs: the file's tasks and those added to the store (by
+    `orch todo add` or an agent), validated as one plan. The one place it is built."""
+    return with_added(plan, added_tasks(store)) if store is not None else plan
+
+
 def todo_specs(plan: Plan) -> list[TodoSpec]:
     """The plan's tasks as the store keeps them (the added ones with their origin)."""
     return [
@@ -79,7 +85,7 @@ def ensure_plan(plan: Plan, store: Store) -> None:
 
     if RunLock(store.path).try_probe():
         store.bind_plan(plan.name)
-        store.sync_plan(todo_specs(with_added(plan, added_tasks(store))), None)
+        store.sync_plan(todo_specs(plan_as_run(plan, store)), None)
 
 
 def add(plan: Plan, store: Store, definition: Mapping[str, Any], origin: str) -> str:
