@@ -366,6 +366,10 @@ class Runbook:
             store.close()
         return done
 
+    def reset(self, confirm: Callable[[str], bool] = lambda _: True) -> list[str]:
+        """Forget every task: the next run starts over (their past stays in the history)."""
+        return self.forget(None, "reset by orch reset", confirm)
+
     def add_task(self, definition: Mapping[str, Any], author: str) -> str:
         """Put a task on the board: with a `kind` it is validated as part of the plan and runs
         at the next run; without one it is a todo kept by hand. Returns its id."""

@@ -708,7 +708,10 @@ def forget(plan_file: Path, task_ids: tuple[str, ...], store_opt: str | None) ->
     Example:
       orch forget plans/demo.yaml checksum
     """
-    _forget(plan_file, store_opt, task_ids, "forgotten by orch forget")
+    from orchestrator.api import Runbook
+
+    runbook = Runbook(plan_file, store_opt)
+    _forgotten(runbook, runbook.forget(task_ids, "forgotten by orch forget"))
 
 
 @cli.command()
@@ -722,33 +725,22 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     Example:
       orch reset plans/demo.yaml --yes
     """
-    path = _store_path(store_opt, plan_file)
+    from orchestrator.api import Runbook
+
+    runbook = Runbook(plan_file, store_opt)
+    path = runbook.store_path
     if not path.exists() and not path.is_symlink():  # a fresh clone: already a fresh start
         click.echo(f"no store at {path} yet: nothing to reset")
         return
-    _forget(plan_file, store_opt, None, "reset by orch reset", confirm=not yes)
+    ask = (lambda q: _confirm(q, "--yes", "to reset without asking")) if not yes else None
+    _forgotten(runbook, runbook.reset(ask) if ask else runbook.reset())
 
 
-def _forget(
-    plan_file: Path,
-    store_opt: str | None,
-    task_ids: tuple[str, ...] | None,
-    why: str,
-    confirm: bool = False,
-) -> None:
-    from orchestrator.api import Runbook
+def _forgotten(runbook: Runbook, done: list[str]) -> None:
     from orchestrator.core.terminal import plural
 
-    runbook = Runbook(plan_file, store_opt)
-    ask = (
-        (lambda question: _confirm(question, "--yes", "to reset without asking"))
-        if confirm
-        else (lambda _: True)
-    )
-    done = runbook.forget(task_ids, why, ask)
-    click.echo(
-        f"{plural(len(done), 'task')} forgotten in {runbook.store_path}: {', '.join(done) or '-'}"
-    )
+    where = runbook.store_path
+    click.echo(f"{plural(len(done), 'task')} forgotten in {where}: {', '.join(done) or '-'}")
 
 
 def _confirm(question: str, flag: str, what: str) -> bool:
