@@ -19,7 +19,7 @@ from orchestrator.core.errors import TemplateError
 from orchestrator.core.terminal import clean
 from orchestrator.kinds.builtins import ShellTask
 from orchestrator.plan.templating import INERT_MAX, Ref, inert_word, is_inert
-from orchestrator.run.loop import Runner
+from orchestrator.run.checks import Checks
 
 from conftest import ORCH, PlanDir, run_orch
 
@@ -85,14 +85,14 @@ def script(value_ref: str = "${vars.v}") -> str:
 
 
 def resolve_params(tmp_path: Path, value: Any) -> dict[str, Any]:
-    """The executor's own resolve_params (the one call every task start goes through)."""
-    runner = SimpleNamespace(
+    """The run's own resolve_params (the one call every task start goes through)."""
+    checks = SimpleNamespace(
         lookup=lambda ref: value,
-        plan=SimpleNamespace(file=tmp_path / "plan.yaml"),
+        home=tmp_path,
         log_dir=tmp_path / ".orch" / "t.runs" / "1",
     )
     params = {"command": script(), "env": {"V": "${vars.v}"}}
-    return Runner.resolve_params(runner, ShellTask, params)  # type: ignore[arg-type]
+    return Checks.resolve_params(checks, ShellTask, params)  # type: ignore[arg-type]
 
 
 @settings(max_examples=500, deadline=None)

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.plan.model import load_plan
+from orchestrator.run import attempt
 from orchestrator.run import loop as executor
 
 from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
@@ -448,7 +449,7 @@ def test_a_held_completion_is_committed_before_a_dead_runs_leftovers_are_ended(
 ) -> None:
     """Ending what a dead run left of a step (up to a 10 s grace) comes after the previous
     step's completion is committed: another connection, looking when the ending starts, sees
-    it. The ending is the real one, watched (executor.jail wrapped, not replaced)."""
+    it. The ending is the real one, watched (attempt.jail wrapped, not replaced)."""
     marker = pdir.root / "fixed"
     plan_path = pdir.write(f"""
         name: t
@@ -461,7 +462,7 @@ def test_a_held_completion_is_committed_before_a_dead_runs_leftovers_are_ended(
     marker.touch()
 
     seen: list[str] = []
-    real_jail = executor.jail
+    real_jail = attempt.jail
 
     def watched(marker_env: tuple[str, str]) -> object:
         if ":b:" in marker_env[1]:
@@ -469,7 +470,7 @@ def test_a_held_completion_is_committed_before_a_dead_runs_leftovers_are_ended(
                 seen.append(c.execute("SELECT status FROM todos WHERE id='a'").fetchone()[0])
         return real_jail(marker_env)
 
-    monkeypatch.setattr(executor, "jail", watched)
+    monkeypatch.setattr(attempt, "jail", watched)
     result = executor.execute(load_plan(plan_path), pdir.store_path(), executor.RunOptions())
     assert result.outcome == "completed"
     assert seen == ["completed"]

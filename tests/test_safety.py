@@ -17,6 +17,7 @@ import pytest
 
 from orchestrator.plan.model import load_plan
 from orchestrator.run import loop as executor
+from orchestrator.run.checks import Checks
 from orchestrator.store.db import Store, runs_dir
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
@@ -677,16 +678,16 @@ def test_a_gate_resolves_its_params_once_a_visit(
     """Waiting or passing, a gate's params (its `show` findings) are resolved once: the
     approval check's resolution is what its attempt runs with."""
     plan = gated(pdir)
-    real = executor.Runner.resolve_params
+    real = Checks.resolve_params
     resolved: list[dict[str, object]] = []
 
-    def counted(self: executor.Runner, cls: type, params: dict[str, object]) -> dict[str, object]:
+    def counted(self: Checks, cls: type, params: dict[str, object]) -> dict[str, object]:
         out = real(self, cls, params)
         if "message" in params:  # the gate's
             resolved.append(out)
         return out
 
-    monkeypatch.setattr(executor.Runner, "resolve_params", counted)
+    monkeypatch.setattr(Checks, "resolve_params", counted)
     for approve, outcome in (((), "waiting"), (("confirm",), "completed")):
         resolved.clear()
         options = executor.RunOptions(approve=approve, console_level="critical")

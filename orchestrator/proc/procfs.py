@@ -201,3 +201,11 @@ def raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> None:
 
     pending = ctypes.py_object(exc) if exc is not None else ctypes.c_void_p(0)
     ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)
+
+
+def nap(seconds: float) -> None:
+    """Sleep in slices: a task thread takes an interrupt (raise_in_thread) only between two
+    bytecodes."""
+    end = time.monotonic() + seconds
+    while (left := end - time.monotonic()) > 0:
+        time.sleep(min(left, 0.1))

@@ -1,7 +1,10 @@
-"""Running a plan: the loop (loop: ready tasks, attempts, guards), what to run and why
-(selection), what is stale (stale), resources held across tasks (leases), approval gates
-(approvals), tasks added to the store (todos), paths built from findings (confine), the run's
-log (runlog), and the dry run that explains all of it (dryrun).
+"""Running a plan: the loop (loop: execute, and the Runner that starts ready tasks in plan
+order, up to `jobs` at once), one task from `when` to its record (attempt), its params and
+preconditions (checks), what tasks hold (leases: pool members and named units while they run,
+resources left running for later tasks), compensations and `finally` tasks (mending), what to
+run and why (selection), what is stale (stale), approval gates (approvals), tasks added to the
+store (todos), paths built from findings (confine), the run's log (runlog), and the dry run
+that explains all of it (dryrun).
 
 May import: core, proc, store, kinds, plan.
 """
