@@ -473,7 +473,7 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
             target="≤80",
         ),
         Row("rerun 1000", "  python -c pass", pass_s * ms, "ms"),
-        Row("rerun 1000", "  + imports (orchestrator.cli, .executor)", imports * ms, "ms"),
+        Row("rerun 1000", "  + imports (orchestrator.cli, .run.loop)", imports * ms, "ms"),
         Row("rerun 1000", "  + load_plan (timed in-process)", load * ms, "ms"),
         Row("rerun 1000", "  + execute (timed in-process)", run * ms, "ms"),
         Row("rerun 1000", "  + rest: board print, exit (remainder)", rest * ms, "ms"),

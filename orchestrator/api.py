@@ -1,6 +1,7 @@
 """The engine's one way in: a Runbook is a plan file, its store and its vars, and everything
-a front end does to them. `orch` (cli.py), the agent server (agent/) and a fleet's per-host
-call go through it; none of them opens the store, takes the lock or loads the plan itself.
+a front end does to them. `orch` (cli.py) and the agent server (agent/) go through it, as any
+other front end would (a fleet's per-host call, say); none of them takes the lock, loads the
+plan or writes the store itself (`orch logs`, `report` and `events` only read the store).
 
 What a Runbook owns, so no front end re-does it: finding the store (--store, beside the plan,
 the one .orch/*.db here), the finished fast path (an unchanged plan whose tasks are all done

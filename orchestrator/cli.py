@@ -1,5 +1,8 @@
 """`orch`: run a plan, show its todo board, explain what a run would do.
 
+A command parses its arguments, makes its call on the engine API (api.py: a Runbook) and
+renders the answer (views/); `logs`, `report` and `events`, which only read, open the store
+that the Runbook finds.
 Only click is imported at start-up; each command imports what it needs, so that
 `orch status` starts in a few tens of milliseconds (bench/bench_engine.py measures it).
 """

@@ -163,7 +163,7 @@ class Nvml:
         n = self._n
         try:
             # v2 leaves out driver-reserved memory: an idle GPU reads ~0 as nvidia-smi shows,
-            # not the ~0.5-1 GiB v1 reports (shared/notes/serving-reference.md, section 5).
+            # not the ~0.5-1 GiB v1 reports.
             mem = n.nvmlDeviceGetMemoryInfo(handle, version=n.nvmlMemory_v2)
         except (n.NVMLError, TypeError, AttributeError):  # old driver or old nvidia-ml-py
             mem = n.nvmlDeviceGetMemoryInfo(handle)

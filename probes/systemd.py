@@ -3,7 +3,7 @@
 Why `systemctl show` and not D-Bus: it needs no dependency (pystemd must be compiled against
 libsystemd; jeepney and dbus-fast would be new dependencies for ten properties), it speaks the
 same manager API, and its KEY=VALUE output is systemd's stable interface for scripts
-(serving-reference.md §6.2; `systemctl status` is for humans and is never parsed). What D-Bus
+(`systemctl status` is for humans and is never parsed). What D-Bus
 would add, the JobRemoved signal, is replaced by polling the unit's `Job` property, which is as
 exact and lets a long stop report progress. Every call is an argv list: no value reaches a shell.
 

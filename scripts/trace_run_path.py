@@ -5,9 +5,10 @@
 Follows every Python call (sys.setprofile) from `orch run` until the run loop first visits a
 task, and prints the stops (each time the call moves to another orchestrator/ file), the
 distinct files, and the climbs (a stop into a file already on the call stack: control going
-back up to a caller's level). --depth N counts only calls at most N files deep (a file calling itself is one level): the
-path a reader follows, not every helper's helper. A new store in a temporary folder each time: no store, no fast
-path. The figures of docs/design.md's "the path of `orch run`" come from here.
+back up to a caller's level). --depth N counts only calls at most N files deep (a file calling
+itself is one level): the path a reader follows, not every helper's helper. A new store in a
+temporary folder each time: no store, no fast path. The figures of docs/design.md's "the path
+of `orch run`" (under "Where to start reading") come from here.
 """
 
 from __future__ import annotations

@@ -52,18 +52,18 @@ unknown top-level keys of a file (the tool's raw output, say) are ignored.
 
 Refused or flagged. A result that cannot be read one way only is refused with the key named: an
 acceptance figure without k, an SGLang figure without its definition, num_draft_tokens other than
-k+1 (tree drafting, which section 4 does not model), an interval with its low end above its high
-end. A well-formed figure that physics or its definition forbids is a measurement, so it is
-kept and the verdict starts with `MEASUREMENT PROBLEM:`: tau outside [1, k+1], an acceptance
-outside its definition's range (bench.serve writes what the engine's counters say), a speed-up
-above tau (a speculative step cheaper than one decode step), a speculative step costing more
-than k+1 decode steps, a median outside its own interval.
+k+1 (tree drafting, which the chain-drafting math below does not model), an interval with its low
+end above its high end. A well-formed figure that physics or its definition forbids is a
+measurement, so it is kept and the verdict starts with `MEASUREMENT PROBLEM:`: tau outside
+[1, k+1], an acceptance outside its definition's range (bench.serve writes what the engine's
+counters say), a speed-up above tau (a speculative step cheaper than one decode step), a
+speculative step costing more than k+1 decode steps, a median outside its own interval.
 
-Acceptance definitions (serving-reference.md section 0.1): `strict` is accepted drafts /
-proposed drafts (vLLM; SGLang since PR #23530), = (tau - 1) / k; `sglang_legacy` is SGLang's
-log line and gauge before PR #23530, accept length / num_draft_tokens, = tau / (k + 1). vLLM
-figures default to `strict`; an SGLang figure must say which, since the same log line changed
-meaning. Every figure is put on the strict definition and on the per-token alpha of section 4.
+Acceptance definitions: `strict` is accepted drafts / proposed drafts (vLLM; SGLang since PR
+#23530), = (tau - 1) / k; `sglang_legacy` is SGLang's log line and gauge before PR #23530,
+accept length / num_draft_tokens, = tau / (k + 1). vLLM figures default to `strict`; an SGLang
+figure must say which, since the same log line changed meaning. Every figure is put on the
+strict definition and on the per-token alpha of the math below (tau_from_alpha).
 
 Names: "concurrency N" is the requested concurrency (the client's limit); "N in flight" the
 achieved one (measured mean requests in flight); the draft model's cost per step relative to a
@@ -110,7 +110,7 @@ DEFINITIONS: dict[str, str] = {
     "strict": "accepted / proposed drafts = (tau-1)/k",
     "sglang_legacy": "accept length / num_draft_tokens = tau/(k+1), SGLang before PR #23530",
 }
-DRAFT_COSTS = (0.05, 0.1, 0.2)  # the draft/target cost ratios section 4 tabulates
+DRAFT_COSTS = (0.05, 0.1, 0.2)  # draft/target cost ratios the modelled speed-up is given for
 PROBLEM = "MEASUREMENT PROBLEM"
 # Benchmark keys that name things rather than set the workload, and keys that set how long or
 # how often it is measured but not what is measured. Any other key (dataset, output_tokens,
@@ -122,11 +122,11 @@ MEASURING_KEYS = frozenset(
 )
 
 
-# --- the math (serving-reference.md section 4 unless said otherwise) ---------------------------
+# --- the math: chain drafting, i.i.d. per-token acceptance (Leviathan et al.) ------------------
 
 
 def tau_from_alpha(alpha: float, k: int) -> float:
-    """Expected tokens per verify step, bonus included: (1 - a^(k+1)) / (1 - a) (section 4)."""
+    """Expected tokens per verify step, bonus included: (1 - a^(k+1)) / (1 - a)."""
     # Summed as 1 + a + ... + a^k: the closed form cancels badly as a -> 1.
     return sum(alpha**i for i in range(k + 1))
 
@@ -143,7 +143,7 @@ def alpha_from_tau(tau: float, k: int) -> float:
 
 
 def strict_rate(tau: float, k: int) -> float:
-    """The one definition: accepted / proposed drafts = (tau - 1) / k (sections 0.1 and 4)."""
+    """The one definition: accepted / proposed drafts = (tau - 1) / k."""
     return (tau - 1.0) / k
 
 
@@ -159,7 +159,7 @@ def _tau_of_rate(rate: float, k: int, definition: Definition) -> float:
 
 
 def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
-    """tau from an engine's acceptance figure (section 0.1); below the floor is an error."""
+    """tau from an engine's acceptance figure; below the floor is an error."""
     tau = _tau_of_rate(rate, k, definition)
     if tau < 1.0 - 1e-9:  # legacy figures start at 1/(k+1): zero drafts accepted
         raise ValueError(
@@ -171,7 +171,7 @@ def tau_from_rate(rate: float, k: int, definition: Definition) -> float:
 
 def modelled_speedup(tau: float, k: int, draft_cost: float, verify_cost: float = 1.0) -> float:
     """S = tau / (k*r + v), Leviathan Thm 3.8, r the draft/target cost ratio and
-    v = T_verify/T_dec (section 4)."""
+    v = T_verify/T_dec."""
     return tau / (k * draft_cost + verify_cost)
 
 
@@ -752,7 +752,7 @@ def _reported_notes(
 
 @dataclass
 class BreakEven:
-    """Section 4's single-stream break-even for tau and k against the baseline's decode step."""
+    """The single-stream break-even for tau and k against the baseline's decode step."""
 
     base_tok_s: float  # the baseline's single-stream output
     t_dec_ms: float
@@ -913,7 +913,7 @@ class Verdict:
 
     def step_limit(self, acc: Acceptance) -> float:
         """The most decode steps a speculative step can cost: a compute-bound verify of k+1
-        tokens, plus k drafts at max_draft_cost each (section 4)."""
+        tokens, plus k drafts at max_draft_cost each."""
         return acc.k + 1 + acc.k * self.max_draft_cost
 
     def step_limit_text(self, acc: Acceptance) -> str:
@@ -932,7 +932,7 @@ class Verdict:
         return str(n)
 
     def step_cost(self, m: Match) -> float | None:
-        """Spec step / decode step = tau / speed-up (section 4), tau of that level if known."""
+        """Spec step / decode step = tau / speed-up, tau of that level if known."""
         acc = self.acceptance
         if acc is None or acc.problems:
             return None
@@ -970,7 +970,7 @@ def _cap(
         if result.server.engine == "sglang" and result.spec is not None:
             text += (
                 "; SGLang resets max_running_requests to 48 for speculative decoding "
-                "unless --max-running-requests is set (serving-reference 1.2): re-run with "
+                "unless --max-running-requests is set: re-run with "
                 f"--max-running-requests {p.level.concurrency} and check "
                 "--cuda-graph-max-bs before concluding (0.2)"
             )
@@ -1002,7 +1002,7 @@ def _shortfall(result: Result, pts: list[Point], tolerance: float) -> list[str]:
 
 
 def _per_request_bound(p: Point, base_pts: list[Point], tolerance: float) -> str:
-    """Per request (section 0.2): a capped level measures the cap, not speculation. The
+    """Per request: a capped level measures the cap, not speculation. The
     baseline's per-request speed falls with load, so its nearest level at or above the
     candidate's in-flight count bounds it from below there. A bound, so no ratio is given."""
     above = [b for b in base_pts if b.concurrency >= p.concurrency * (1 - tolerance)]
@@ -1100,7 +1100,7 @@ def _break_even(v: Verdict, bpts: list[Point]) -> BreakEven | None:
     base_c1 = next((b for b in bpts if b.level.concurrency == 1), None)
     if acc is None or acc.problems or base_c1 is None or acc.tau <= 1 + v.noise or v.differ:
         return None
-    t_dec = 1000.0 / base_c1.tok_s  # section 4: 63.6 tok/s -> 15.7 ms
+    t_dec = 1000.0 / base_c1.tok_s  # a decode step: 63.6 tok/s -> 15.7 ms
     return BreakEven(
         base_c1.tok_s,
         t_dec,
@@ -1163,7 +1163,7 @@ def _level_tau_problems(levels: Sequence[Level], k: int) -> list[str]:
 
 
 def _step_problems(v: Verdict, acc: Acceptance) -> list[str]:
-    """Section 4: S = tau / (spec step / decode step). A step costs at least its verify pass
+    """S = tau / (spec step / decode step). A step costs at least its verify pass
     (one decode step) and k drafts at draft_cost each, so S <= tau / (k * draft_cost + 1), tau
     with free drafts; verifying k+1 tokens costs at most k+1 decode steps even compute-bound,
     and k drafts k * max_draft_cost more. Both checked beyond the interval and the noise
@@ -1229,7 +1229,7 @@ def _notes(v: Verdict, base: Result) -> list[str]:
 
 
 def _comparability(cand: Result, base: Result) -> list[str]:
-    """What differs besides the workload (serving-reference 3.3: the clients' defaults)."""
+    """What differs besides the workload, the benchmark clients' defaults included."""
     b, c = base.benchmark, cand.benchmark
     notes = []
     measuring = [
@@ -1246,7 +1246,7 @@ def _comparability(cand: Result, base: Result) -> list[str]:
     if "tool" in b and "tool" in c and b["tool"] != c["tool"]:
         notes.append(
             f"different benchmark tools ({b['tool']} vs {c['tool']}): their defaults "
-            "differ (serving-reference 3.3), only the settings both recorded agree"
+            "differ (temperature, max tokens, prompts), only the settings both recorded agree"
         )
     if one_sided := sorted((b.keys() ^ c.keys()) - NAMING_KEYS - MEASURING_KEYS):
         notes.append("recorded for one result only, so not checked: " + ", ".join(one_sided))
@@ -1260,8 +1260,7 @@ def _comparability(cand: Result, base: Result) -> list[str]:
         notes.append(
             f"engines differ ({base.server.engine} vs {cand.server.engine}): compare "
             "only with identical prompts, temperature and max tokens (bench_serving "
-            "sends temperature 0, vllm bench serve the model's default; "
-            "serving-reference 3.3)"
+            "sends temperature 0, vllm bench serve the model's default)"
         )
     return notes
 
@@ -1291,7 +1290,7 @@ def _head(v: Verdict) -> str:
         )
     if acc is not None and acc.tau <= 1 + v.noise:
         return f"no speed-up: tau={acc.tau:.2f}, no draft accepted"
-    if acc is not None:  # tau bounds any speed-up (section 4): free drafts, v = 1
+    if acc is not None:  # tau bounds any speed-up: free drafts, v = 1
         return f"not measured: at most {fx(acc.tau)} at concurrency 1 (tau)"
     return "no measurement"
 
@@ -1592,8 +1591,8 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
         f"section `{task_id}`.",
         "",
         "Acceptance on one definition: accepted / proposed drafts = (tau-1)/k; alpha is the "
-        "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau "
-        "(serving-reference.md sections 0.1 and 4).",
+        "per-token acceptance with (1-alpha^(k+1))/(1-alpha) = tau (Leviathan et al.'s "
+        "expected tokens per verify step, the target's own token included).",
         "",
         "| candidate | verdict | concurrency 1 | at the baseline's peak"
         + (f" (concurrency {peak.level.concurrency})" if peak else "")

@@ -3,7 +3,7 @@
 A sweep over concurrency levels; at each, `warmup` requests that are not counted, then
 `requests` requests with at most `concurrency` in flight (vLLM's and SGLang's
 `--max-concurrency`, with every request sent at once: `--request-rate inf`). Definitions are
-theirs (serving-reference.md section 3):
+theirs (`vllm bench serve`, sglang.bench_serving):
 
 - TTFT: send -> first token chunk (OpenAI: any chunk with `choices`, even with empty text, as
   vLLM's client counts it; SGLang native: the first chunk whose text grew). E2E latency:
@@ -302,7 +302,7 @@ def read_chunk(api: str, data: dict[str, Any], out: Outcome, state: dict[str, An
     """Fold one streamed JSON chunk into `out`; True if it carried tokens.
 
     OpenAI: choices[0].text is the delta; the last chunk has `usage`. SGLang /generate: `text`
-    is the whole text so far, `meta_info` the running counts (section 1.5). The speculative
+    is the whole text so far, `meta_info` the running counts. The speculative
     counts are SGLang's per request, set in sglang/srt/managers/tokenizer_manager.py
     (`_calculate_spec_decoding_metrics`): spec_verify_ct (verify passes),
     spec_num_correct_drafts, spec_num_proposed_drafts (= spec_verify_ct x

@@ -2,7 +2,7 @@
 
 Found by the port it listens on (or its pid). Its whole process group and every descendant
 get SIGTERM, then SIGKILL after `grace`: the API process alone is not the server (vLLM's
-EngineCore and workers survive their parent, serving-reference.md section 7.1). Verified: no
+EngineCore and workers survive their parent). Verified: no
 process of it left and the port free. Nothing listening is `ok`, as with systemd.stop.
 """
 

@@ -2,9 +2,9 @@
 
 `server.launch` renders the engine's real command line from typed params (flavours `vllm`,
 `sglang`, or `command`: any argv), starts it under a supervisor, and waits until it serves:
-connection refused during a load is normal (serving-reference.md section 0.4: neither engine
-listens before its weights are in), so it polls `/health`, then `/v1/models` for the served
-name, then one tiny real completion, with a long deadline; every `progress_every` seconds it
+connection refused during a load is normal (neither engine listens before its weights are
+in), so it polls `/health`, then `/v1/models` for the served name, then one tiny real
+completion, with a long deadline; every `progress_every` seconds it
 says how long it has been loading, the server's last log line and the GPU memory in use (NVML,
 where there is a GPU), so a 10-minute load of a 547 GB model is visibly a load. If the process
 dies it stops at once with the log's tail. Once ready it records what the server resolved
@@ -18,10 +18,10 @@ main process, then SIGKILL to the whole control group) where systemd runs, else 
 group of its own whose every process carries the ORCH_SERVER environment marker (SIGTERM to
 every marked process on the host, SIGKILL after `stop_timeout`, scanned again until none is
 left, so one that left the group with `setsid` is ended too). Either way every process the
-engine forks is ended: killing the API process alone leaves vLLM's EngineCore and
-SGLang's schedulers holding the GPUs (section 7.1). A unit starts with systemd's clean
-environment: PATH and the task's `env` are passed, nothing else of orch's (set CUDA_*, HF_* and
-the like in `env`); a process group inherits orch's environment plus `env`.
+engine forks is ended: killing the API process alone leaves vLLM's EngineCore and SGLang's
+schedulers holding the GPUs. A unit starts with systemd's clean environment: PATH and the
+task's `env` are passed, nothing else of orch's (set CUDA_*, HF_* and the like in `env`); a
+process group inherits orch's environment plus `env`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ _children: dict[int, subprocess.Popen[bytes]] = {}  # ours to reap once ended
 
 
 class Speculative(BaseModel):
-    """Speculative decoding, one meaning of k for both engines (serving-reference.md s4)."""
+    """Speculative decoding, one meaning of k for both engines."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -123,7 +123,7 @@ class LaunchParams(BaseModel):
     cwd: str | None = None
     name: str | None = Field(None, description="the resource's name; default: the task id")
     supervisor: Literal["auto", "systemd", "process"] = "auto"
-    ready_timeout: Duration = 1800.0  # a 0.5 TB checkpoint loads for 30-45 min (section 7.4)
+    ready_timeout: Duration = 1800.0  # a 0.5 TB checkpoint loads for 30-45 min
     stop_timeout: Duration = 60.0
     progress_every: Duration = 10.0
     check_completion: bool = Field(True, description="one tiny real completion before ready")
@@ -158,7 +158,7 @@ class LaunchParams(BaseModel):
 
 
 def render(p: LaunchParams) -> list[str]:
-    """The engine's command line (serving-reference.md sections 1.1 and 2.1)."""
+    """The engine's command line: `vllm serve MODEL` or `python3 -m sglang.launch_server`."""
     if p.flavour == "command":
         assert p.command is not None
         return list(p.command)
@@ -469,7 +469,7 @@ def _wait_ready(ctx: Context, p: LaunchParams, handle: dict[str, Any], log: Path
 
 
 def _probe(p: LaunchParams) -> None:
-    """One readiness look (section 1.3): health, the served name, a real completion."""
+    """One readiness look: health, the served name, a real completion."""
     http.request(p.url + "/health", timeout=5)
     models = http.request_json(p.url + "/v1/models", timeout=5)
     ids = [m.get("id") for m in models.get("data", [])] if isinstance(models, dict) else []
@@ -542,7 +542,7 @@ def _decode_graph_max_bs(info: dict[str, Any]) -> int | None:
 
 
 def _resolved(p: LaunchParams) -> dict[str, Any]:
-    """What the server made of its settings (section 1.4: SGLang's server info)."""
+    """What the server made of its settings (SGLang's server info)."""
     found: dict[str, Any] = {}
     models = http.request_json(p.url + "/v1/models")
     first = (models.get("data") or [{}])[0] if isinstance(models, dict) else {}
@@ -582,7 +582,7 @@ class ServerLaunch(Task[LaunchParams]):
         if p.flavour == "sglang" and p.speculative and p.max_running_requests is None:
             ctx.progress(
                 "SGLang caps running requests at 48 in speculative mode unless "
-                "max_running_requests is set (serving-reference.md 1.2)"
+                "max_running_requests is set"
             )
         argv = render(p)
         log = (ctx.log_path.parent / f"{name}.server.log").resolve()

@@ -5,7 +5,7 @@ changes nothing and says so. A job is queued with `systemctl --no-block` and fol
 the unit until the job is gone, so a long stop reports progress and ends at our deadline, not
 systemd's. A stop is verified twice: the unit is inactive (or failed) and its control group is
 empty, because with KillMode=process a stopped unit leaves its children running, e.g. vLLM's
-EngineCore and workers holding the GPUs (serving-reference.md §6.1, §7.1).
+EngineCore and workers holding the GPUs.
 """
 
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """A throwaway systemd: PID 1 of private PID and mount namespaces, for the systemd task tests.
 
-The development and CI machines run as root without systemd as PID 1 (shared/notes/
-real-components.md). systemd started as in those notes shares the host's file system, and at
-"boot" its systemd-tmpfiles-setup.service ran `D /tmp` and wiped the host's /tmp. So, before
+The development and CI machines run as root without systemd as PID 1. A systemd started in
+new PID and mount namespaces alone still shares the host's file system, and at "boot" its
+systemd-tmpfiles-setup.service ran `D /tmp` and wiped the host's /tmp. So, before
 systemd is exec'd, inside the new mount namespace:
 
 - private tmpfs is mounted over /tmp, /var/tmp and /run (nothing systemd does there reaches the

@@ -1,7 +1,8 @@
-"""`analyze.compare`: section 4's math, the verdicts, and plans fed the field reports' figures.
+"""`analyze.compare`: the speculative-decoding math, the verdicts, and plans fed the field
+reports' figures.
 
-Figures from shared/context/README.md: SGLang base 63.6 tok/s at concurrency 1, 2370 tok/s
-peak at concurrency 128; AQ-MedAI EAGLE-3 drafter 849 tok/s peak, ~42% acceptance, accept length
+The field reports' figures: SGLang base 63.6 tok/s at concurrency 1, 2370 tok/s peak at
+concurrency 128; AQ-MedAI EAGLE-3 drafter 849 tok/s peak, ~42% acceptance, accept length
 ~1.65 with 4 draft tokens (steps 3, topk 1: k = 3 drafts), max_running_requests 48 in spec mode
 vs 2048 without; custom drafter ~25%; vLLM base 82.5 / 1536 tok/s, vLLM + drafter ~15% and a
 0.66x multiplier. The other results are constructed: medians and [min, max] over windows.
@@ -112,7 +113,7 @@ def _recorded(v: Verdict, tmp_path: Path) -> dict[str, Finding]:
 
 
 def test_alpha_inverts_the_expected_accept_length() -> None:
-    """tau=1.65, k=3 gives alpha 0.411 (section 0.1); the inversion round-trips at the ends."""
+    """tau=1.65, k=3 gives alpha 0.411; the inversion round-trips at the ends."""
     assert alpha_from_tau(1.65, 3) == pytest.approx(0.411, abs=5e-4)
     a = alpha_from_tau(1.65, 3)
     assert a + a**2 + a**3 == pytest.approx(0.65, abs=1e-9)
@@ -124,8 +125,8 @@ def test_alpha_inverts_the_expected_accept_length() -> None:
         alpha_from_tau(4.5, 3)
 
 
-def test_tau_table_of_section_4() -> None:
-    """tau(alpha, k) reproduces section 4's table for alpha 0.6/0.7/0.8 and k = 1..4."""
+def test_tau_table() -> None:
+    """tau(alpha, k) = 1 + alpha + ... + alpha^k for alpha 0.6/0.7/0.8 and k = 1..4."""
     table = {
         0.6: (1.60, 1.96, 2.18, 2.31),
         0.7: (1.70, 2.19, 2.53, 2.77),
@@ -136,14 +137,14 @@ def test_tau_table_of_section_4() -> None:
 
 
 def test_sglang_42_percent_and_vllm_15_percent_on_one_definition() -> None:
-    """Section 0.1: SGLang's old 42% is tau/(k+1); strict it is ~22%, vs vLLM's 15% strict."""
+    """SGLang's old 42% is tau/(k+1); strict it is ~22%, vs vLLM's 15% strict."""
     # the old SGLang log's 41% for tau=1.65 is tau/(k+1) = 1.65/4
     assert tau_from_rate(0.4125, 3, "sglang_legacy") == pytest.approx(1.65)
     assert strict_rate(1.65, 3) == pytest.approx(0.2167, abs=1e-4)
     tau = tau_from_rate(0.42, 3, "sglang_legacy")
     assert tau == pytest.approx(1.68)
     assert strict_rate(tau, 3) == pytest.approx(0.2267, abs=1e-4)
-    # vLLM's 15% is already strict: tau = 1 + 0.15k (section 4)
+    # vLLM's 15% is already strict: tau = 1 + 0.15k
     assert tau_from_rate(0.15, 3, "strict") == pytest.approx(1.45)
     assert alpha_from_tau(1.45, 3) == pytest.approx(0.32, abs=0.005)
     assert tau_from_rate(0.15, 4, "strict") == pytest.approx(1.60)
@@ -453,7 +454,8 @@ def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: P
 
 
 def test_speculative_step_above_k_plus_1_is_a_measurement_problem() -> None:
-    """tau 4.0 of k=3 at 0.86x: a step of 4.7 decode steps, more than k+1 = 4 (section 4);
+    """tau 4.0 of k=3 at 0.86x: a step of 4.7 decode steps, more than k+1 = 4 (the most a
+    verify of k+1 tokens costs);
     at 1.0x (4.0 steps) nothing is flagged; nor with max_draft_cost 1 (a draft model as large
     as the target: up to k+1 + k = 7 steps)."""
     base = _result({"levels": [_lv(8, 1000, 990, 1010), _lv(16, 1800, 1790, 1810)]})
@@ -772,7 +774,7 @@ def test_misread_k_shows_as_inconsistent() -> None:
 
 
 def test_different_engines_are_flagged() -> None:
-    """Engines differ: a note (section 3.3), the comparison itself stands."""
+    """Engines differ: a note (their clients' defaults differ), the comparison itself stands."""
     base = _result({**VLLM_BASE, "benchmark": {"dataset": "random", "temperature": 0.0}})
     cand = _result({**AQ_MEDAI, "benchmark": {"dataset": "random", "temperature": 0.0}})
     notes = " ".join(compare("x", cand, base).notes)

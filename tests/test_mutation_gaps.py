@@ -1,8 +1,9 @@
-"""Tests for what a mutation run of lock.py, liveness.py, store.py and executor.py showed no
-test noticed (bench/mutation_probe.py): each fails when the behaviour it names is removed.
+"""Tests for what a mutation run of store/lock.py, store/liveness.py, store/db.py and
+run/loop.py (lock.py, liveness.py, store.py and executor.py then) showed no test noticed
+(bench/mutation_probe.py): each fails when the behaviour it names is removed.
 
 Locks are held by a real second process; liveness verdicts are asserted word for word on real
-run rows; the store is real SQLite; the executor is driven through the real `orch` CLI.
+run rows; the store is real SQLite; the run loop is driven through the real `orch` CLI.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from orchestrator.store.lock import RunLock
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
-# --- lock.py: a real second process holds the lock ------------------------------------------
+# --- store/lock.py: a real second process holds the lock ------------------------------------
 
 HOLDER = """
 import sys, time
@@ -167,7 +168,7 @@ def test_cli_run_refused_while_a_live_process_holds_the_lock(pdir: PlanDir) -> N
     assert (pdir.root / "ran").exists()
 
 
-# --- liveness.py: the verdicts, word for word -------------------------------------------------
+# --- store/liveness.py: the verdicts, word for word -------------------------------------------
 
 
 def _store_with_task(tmp_path: Path, who: RunIdentity, task: str = "a") -> tuple[Store, int]:
@@ -307,7 +308,7 @@ def test_status_recovers_a_rebooted_run_through_the_cli(pdir: PlanDir) -> None:
     )
 
 
-# --- store.py -------------------------------------------------------------------------------
+# --- store/db.py ----------------------------------------------------------------------------
 
 
 def test_store_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
@@ -493,7 +494,7 @@ def test_resources_hold_replace_release(store: Store) -> None:
     assert row["released_at"] is not None
 
 
-# --- executor.py, through the CLI -----------------------------------------------------------
+# --- run/loop.py, through the CLI -----------------------------------------------------------
 
 
 def _pythonpath(folder: Path) -> dict[str, str]:

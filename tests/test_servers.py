@@ -93,7 +93,7 @@ def findings(plan: Path, task: str) -> dict[str, object]:
     return {f["key"]: f["value"] for f in row["findings"]}
 
 
-# --- rendering the engines' command lines (serving-reference.md 1.1, 2.1) ------------------------
+# --- rendering the engines' command lines ---------------------------------------------------------
 
 
 def test_vllm_command_line_carries_speculative_config_and_admission() -> None:
@@ -137,7 +137,7 @@ def test_sglang_command_line_sets_all_three_spec_values_and_the_cap() -> None:
     assert flag("--model-path") == "/m/kimi" and flag("--tp-size") == "8"
     assert flag("--speculative-algorithm") == "EAGLE3"
     assert flag("--speculative-draft-model-path") == "/m/eagle3"
-    # topk 1: num_draft_tokens is forced to num_steps + 1 (section 1.1); all three or none.
+    # topk 1: num_draft_tokens is forced to num_steps + 1; all three or none.
     assert (
         flag("--speculative-num-steps"),
         flag("--speculative-eagle-topk"),

@@ -112,8 +112,8 @@ def test_tasks_py_and_probes_py_beside_the_plan_hide_no_kind(tmp_path: Path) -> 
 
 def test_tasks_py_in_the_working_directory_hides_no_kind(tmp_path: Path) -> None:
     """The same with them in the working directory, the plan elsewhere; and with the plan there
-    too, started as `python -m orchestrator` (as `orch mcp` starts a run), where Python itself
-    puts the working directory first on sys.path."""
+    too, started as `python -m orchestrator`, where Python itself puts the working directory
+    first on sys.path."""
     _impostors(tmp_path)
     (tmp_path / "plans").mkdir()
     plan = tmp_path / "plans" / "plan.yaml"

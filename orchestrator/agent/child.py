@@ -1,5 +1,6 @@
-"""One run of a plan through the engine API, for the agent server: `python -m
-orchestrator.agent.child REQUEST`, REQUEST a JSON object {"plan", "store", "vars", "request"}.
+"""One run of a plan through the engine API, for the agent server: `python -P -m
+orchestrator.agent.child REQUEST`, REQUEST a JSON object {"plan", "store", "vars", "request",
+"argv"} (`argv`: what the run records as its command line).
 
 Why a child and not a thread of the server: a run owns its process. It sets the signal
 handlers that turn Ctrl-C and SIGTERM into a recorded `interrupted`, configures the log, and

@@ -1,6 +1,6 @@
 """What a guard (a compensation, `on_failure`, or a `finally` task) does, in words: the one
 source for the board, `orch plan`, the arming and undoing transitions, the run's log and the
-errors that name a guard. Imports nothing but enum, so `orch status` stays fast."""
+errors that name a guard. Imports only the standard library, so `orch status` stays fast."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The engine's generic kinds: `shell` and `python` tasks, the `command` precondition."""
+"""The engine's generic kinds: `shell`, `python` and `approve` tasks, the `command` precondition."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where task and precondition kinds come from, in this order:
 
-1. the engine's built-ins (`shell`, `python`, precondition `command`);
+1. the engine's built-ins (`shell`, `python`, `approve`, precondition `command`);
 2. entry points: group `orch.tasks` / `orch.preconditions` (how `tasks/` and plugins register);
 3. `module:Class`, a user's own class, importable from the plan's folder, the working directory
    or PYTHONPATH.

@@ -1,4 +1,4 @@
-"""What task authors write against: Task, Precondition, Context, Finding.
+"""What task authors write against: Task, Precondition, Pool, Context, Finding.
 
 A task class knows its parameters (a pydantic model, validated when the plan loads) and how to
 do one thing; it knows nothing of SQL, the board or the other tasks. It reports through the
@@ -69,7 +69,7 @@ P = TypeVar("P", bound=BaseModel)
 
 
 class ContextSink(Protocol):
-    """Where a Context sends what it learns; the executor implements it."""
+    """Where a Context sends what it learns; the run loop implements it."""
 
     def finding(self, finding: Finding) -> None: ...
     def process_started(self, pgid: int, started_at: float) -> None: ...
@@ -106,7 +106,7 @@ class Context:
         self.sink.progress(message)
 
     def hold(self, name: str, data: dict[str, Any]) -> None:
-        """Record that this task leaves `name` running for later tasks (see resources.py);
+        """Record that this task leaves `name` running for later tasks (run/leases.py);
         `data` (JSON) is what this kind's `release` needs to end it. Committed at once."""
         self.sink.hold(name, data)
 

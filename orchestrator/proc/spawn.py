@@ -1,10 +1,10 @@
 """Subprocesses in their own process group, output to a log file, ended as a group.
 
 Why a group per task: `bash -c "a | b &"` and inference servers fork; killing only the main pid
-leaves workers holding GPU memory (shared/notes/inference-servers.md: SIGKILL to the vLLM main
-process left 2.2 GB of workers running). Why the output goes straight to a file, not a pipe:
-if the orchestrator dies, the child can still write and never blocks on a full pipe. Except
-while a secret is registered (redact.py): then it goes through a pipe that a thread of orch
+leaves workers holding GPU memory (a SIGKILL to vLLM's main process alone left 2.2 GB of
+workers running). Why the output goes straight to a file, not a pipe: if the orchestrator
+dies, the child can still write and never blocks on a full pipe. Except while a secret is
+registered (core/redact.py): then it goes through a pipe that a thread of orch
 reads and writes to the file masked (`_Pump`), since no later reader can mask what it does not
 know; a child that outlives a killed orch then meets a closed pipe, and the next run ends it.
 """

@@ -2,7 +2,8 @@
 
 Tables: `todos` (one row per task, its current state), `transitions` (append-only log of every
 status change), `findings` (append-only, per attempt), `runs` (one per `orch run`),
-`resources` (what a task left running for later tasks, e.g. a server; see resources.py), `meta`.
+`resources` (what a task left running for later tasks, e.g. a server, or leased while it runs,
+a GPU; see run/leases.py), `approvals` (who let a gate pass, append-only), `meta`.
 WAL mode with synchronous=NORMAL: a commit survives a crash or SIGKILL of the process at any
 moment (a power cut may lose the last commits, never consistency); ~20 us per commit.
 
@@ -1485,7 +1486,7 @@ class Store:
         return rows[::-1]
 
 
-# Every public method, so that no caller (CLI, executor, a task's sink) sees a raw sqlite3 error.
+# Every public method, so that no caller (CLI, run loop, a task's sink) sees a raw sqlite3 error.
 for _name, _method in list(vars(Store).items()):
     if not _name.startswith("_") and callable(_method) and _name != "open":
         setattr(Store, _name, _guarded(_method))

@@ -6,8 +6,9 @@ escaped, never markup; a kind's Markdown goes through `markdown_html`, which esc
 text). The engine draws what it knows, whatever the plan does: the run's timeline and the board
 with findings (today's, or with `--run N` each task as run N left it). A kind adds sections from
 its own findings through `Task.report` (bench.serve's curves, analyze.compare's comparison), so
-the engine knows nothing of benchmarks. matplotlib is imported only here and only by `orch
-report` (~0.5 s).
+the engine knows nothing of benchmarks. matplotlib (~0.5 s) is imported only when a kind draws
+a figure (kinds/sections.py's `pyplot`): for `orch report`, or a task's report resource of the
+MCP server.
 """
 
 from __future__ import annotations
