@@ -6,7 +6,7 @@ Runs a plan of `--tasks` python tasks that each record a finding (one store of t
 engine bench uses), then times, on that store, each check a Store open can make: SQLite's
 `PRAGMA quick_check` (pages and records), `PRAGMA integrity_check` (that too, and every index
 against its table: the damage quick_check passes, which can hide a finding), and orch's own
-invariant queries (store._invariant_queries: required values, types, statuses). Median of
+invariant queries (store.invariant_queries: required values, types, statuses). Median of
 `--repeat` each, and against `orch status PLAN` whole, measured in the same run.
 """
 
@@ -24,7 +24,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.store.db import SCHEMA_VERSION, _invariant_queries  # noqa: E402
+from orchestrator.store.schema import SCHEMA_VERSION, invariant_queries  # noqa: E402
 
 ORCH = Path(sys.executable).parent / "orch"
 
@@ -55,7 +55,7 @@ def main() -> None:
         subprocess.run([str(ORCH), "run", str(plan), "-q"], check=True, capture_output=True)
         store = folder / ".orch" / "integrity.db"
         conn = sqlite3.connect(f"file:{store}?mode=ro", uri=True)
-        queries = _invariant_queries(SCHEMA_VERSION)
+        queries = invariant_queries(SCHEMA_VERSION)
         figures = {
             "PRAGMA quick_check": median_ms(
                 lambda: conn.execute("PRAGMA quick_check(1)").fetchone(), args.repeat

@@ -25,9 +25,10 @@ from orchestrator.core.errors import StoreError, StoreLocked
 from orchestrator.core.findings import Finding
 from orchestrator.core.status import ALLOWED, Status
 from orchestrator.proc.procfs import boot_id, process_start_time
-from orchestrator.store.db import SCHEMA_VERSION, RunIdentity, Store, TodoSpec
+from orchestrator.store.db import RunIdentity, Store, TodoSpec
 from orchestrator.store.liveness import close_dead_runs, current_identity, death_of
 from orchestrator.store.lock import RunLock
+from orchestrator.store.schema import SCHEMA_VERSION
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 

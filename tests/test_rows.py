@@ -13,7 +13,8 @@ from orchestrator.core.findings import Finding
 from orchestrator.core.guards import GuardRole
 from orchestrator.core.status import RunOutcome, Status
 from orchestrator.store import rows
-from orchestrator.store.db import COLUMNS, GuardChange, RunIdentity, Store, TodoSpec
+from orchestrator.store.db import GuardChange, RunIdentity, Store, TodoSpec
+from orchestrator.store.schema import COLUMNS
 
 
 def test_each_row_type_has_its_tables_columns() -> None:

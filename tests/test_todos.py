@@ -13,7 +13,8 @@ from typing import Any
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from orchestrator.store.db import _COLUMNS_SINCE, COLUMNS, SCHEMA_VERSION, Store
+from orchestrator.store.db import Store
+from orchestrator.store.schema import COLUMNS, COLUMNS_SINCE, SCHEMA_VERSION
 
 from conftest import PlanDir, run_orch, start_orch, wait_for
 
@@ -205,7 +206,7 @@ def test_an_older_store_is_upgraded_and_keeps_its_record(pdir: PlanDir) -> None:
     assert run_orch("run", plan).returncode == 0
     with pdir.db() as db:
         db.execute("PRAGMA foreign_keys=OFF")
-        for table, column in _COLUMNS_SINCE:
+        for table, column in COLUMNS_SINCE:
             db.execute(f"ALTER TABLE {table} DROP COLUMN {column}")
         db.execute("DROP TABLE approvals")
         db.execute("PRAGMA user_version=2")
