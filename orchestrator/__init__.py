@@ -15,6 +15,8 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from orchestrator.core.errors import TaskTimeout as TaskTimeout
     from orchestrator.core.findings import Finding as Finding
     from orchestrator.core.status import Status as Status
+    from orchestrator.kinds.sections import Figure as Figure
+    from orchestrator.kinds.sections import Section as Section
     from orchestrator.kinds.task import Argv as Argv
     from orchestrator.kinds.task import CheckResult as CheckResult
     from orchestrator.kinds.task import Context as Context
@@ -36,6 +38,8 @@ _EXPORTS = {
     "PoolUnavailable": "kinds.task",
     "Duration": "kinds.task",
     "Argv": "kinds.task",
+    "Section": "kinds.sections",
+    "Figure": "kinds.sections",
     "TaskError": "core.errors",
     "TaskTimeout": "core.errors",
     "Status": "core.status",
