@@ -326,3 +326,35 @@ def test_the_client_snippet_in_docs_agent_md_runs_as_written(tmp_path: Path) -> 
     outcome, statuses = r.stdout.splitlines()
     assert outcome == "completed"
     assert statuses.startswith("{'prepare': 'completed', 'write_data': 'pending'")
+
+
+def test_a_python_task_that_prints_does_not_break_the_run_tools_stream(pdir: PlanDir) -> None:
+    """A `python` task runs inside the run's process: what it prints must not land among the
+    JSON lines the agent server reads its progress from."""
+    (pdir.root / "chatty.py").write_text(
+        "def shout():\n"
+        "    print('hello from the task', flush=True)\n"
+        "    print('{\"event\": 1}', flush=True)\n"
+        "    return 7\n"
+    )
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: chatty, kind: python, params: {function: "chatty:shout"}}
+          - {id: after, kind: shell, needs: [chatty], params: {command: "true"}}
+    """)
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(message or "")
+
+    async def session() -> None:
+        async with agent(plan, pdir.root / "mcp.err") as s:
+            result = await call(s, "run", progress_callback=on_progress)
+            assert result["outcome"] == "completed", result
+            assert "hello from the task" in result["messages"], result["messages"]
+            assert any("chatty" in p and "-> completed" in p for p in progress), progress
+            chatty = next(t for t in result["board"]["tasks"] if t["id"] == "chatty")
+            assert chatty["findings"][0]["value"] == 7
+
+    drive(session)

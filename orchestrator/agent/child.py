@@ -17,25 +17,39 @@ progress), then {"result": ..., "board": ...} or {"error": ..., "exit_code": ...
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from orchestrator.api import Runbook, RunRequest, stoppable
 from orchestrator.core.errors import OrchError, PlanError
 from orchestrator.core.umask import private_files
 
 _write = threading.Lock()
+_protocol: TextIO = sys.stdout
 
 
 def emit(doc: dict[str, Any]) -> None:
     with _write:  # events come from the feed's thread, the result from the main one
-        sys.stdout.write(json.dumps(doc) + "\n")
-        sys.stdout.flush()
+        _protocol.write(json.dumps(doc) + "\n")
+        _protocol.flush()
+
+
+def own_stdout() -> None:
+    """The protocol keeps the stdout it was given; file descriptor 1 and sys.stdout go to
+    stderr from now on, so that a `python` task's print() (run in this process) lands among
+    the messages instead of inside a JSON line."""
+    global _protocol
+    _protocol = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
 
 
 def main(argv: list[str]) -> int:
+    own_stdout()
     stoppable()
     private_files()
     ask = json.loads(argv[1])

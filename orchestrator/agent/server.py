@@ -335,8 +335,13 @@ async def _run_with_progress(argv: list[str], before: dict[str, Any], ctx: Any) 
             outputs["pending"] = outputs.get("pending", "") + line
             *whole, outputs["pending"] = outputs["pending"].split("\n")
             for text in whole:
-                doc = json.loads(text) if text.strip() else {}
-                if "event" in doc:
+                try:
+                    doc = json.loads(text) if text.strip() else {}
+                except ValueError:
+                    doc = None
+                if not isinstance(doc, dict):  # not the child's: a message, never fatal
+                    outputs.setdefault("messages", []).append(text)
+                elif "event" in doc:
                     for message, total, done in progress.see(doc["event"]):
                         await ctx.report_progress(done, total, message)
                 else:
@@ -365,7 +370,8 @@ async def _run_with_progress(argv: list[str], before: dict[str, Any], ctx: Any) 
         raise ToolError(last["error"])
     if "result" not in last:
         raise ToolError(stderr or f"the run's process exited {code} without a result")
-    return {**last["result"], "messages": stderr.splitlines()[-20:], "board": last.get("board")}
+    messages = [*outputs.get("messages", []), *stderr.splitlines()][-20:]
+    return {**last["result"], "messages": messages, "board": last.get("board")}
 
 
 class _Progress:
