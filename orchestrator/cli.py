@@ -389,8 +389,7 @@ def _board_text(snap: Snapshot, as_json: bool, todowrite: bool, color: bool) -> 
         return json.dumps(board.todowrite(snap.rows, snap.findings), indent=2)
     if as_json:
         return json.dumps(snap.as_json(), indent=2)
-    args = (snap.name, str(snap.path), snap.rows, snap.findings, snap.run, snap.stale)
-    return board.render_board(*args, color=color)
+    return board.render_board(snap, color=color)
 
 
 def _watch(runbook: Runbook, as_json: bool, todowrite: bool) -> None:

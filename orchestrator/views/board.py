@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.durations import format_duration
@@ -79,19 +81,33 @@ def counts(rows: Sequence[TodoRow]) -> dict[str, int]:
     return out
 
 
-def render_board(
-    plan_name: str,
-    store_path: str,
-    rows: Sequence[ListedTodoRow],
-    findings: Mapping[str, list[Finding]],
-    run: RunRow | None,
-    stale: Mapping[str, Sequence[str]] | None = None,
-    color: bool = False,
-    width: int | None = None,
-) -> str:
+@dataclass(frozen=True)
+class Snapshot:
+    """What a board shows: a store's tasks, their findings, its latest run and what is stale
+    (None: not computed). views/snapshot.py takes one from a store."""
+
+    name: str
+    path: Path
+    rows: Sequence[ListedTodoRow]
+    findings: Mapping[str, list[Finding]]
+    run: RunRow | None
+    stale: Mapping[str, Sequence[str]] | None
+
+    @property
+    def going(self) -> bool:
+        """A run is going now."""
+        return self.run is not None and self.run["ended_at"] is None
+
+    def as_json(self) -> dict[str, Any]:
+        """The documented `orch status --json` object."""
+        return status_json(self)
+
+
+def render_board(snap: Snapshot, color: bool = False, width: int | None = None) -> str:
+    plan_name, store_path, rows = snap.name, str(snap.path), snap.rows
+    findings, run, stale = snap.findings, snap.run, snap.stale or {}
     paint = Painter(color)
     width = width or terminal_width()
-    stale = stale or {}
     lines = [paint(_headline(plan_name, store_path, run, rows), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
     title_w = min(
@@ -193,20 +209,13 @@ def _fit(text: str, width: int) -> str:
     return text if len(text) <= width else text[: max(width - 1, 0)] + "…"
 
 
-def status_json(
-    plan_name: str,
-    store_path: str,
-    rows: Sequence[ListedTodoRow],
-    findings: Mapping[str, list[Finding]],
-    run: RunRow | None,
-    stale: Mapping[str, Sequence[str]] | None = None,
-) -> dict[str, Any]:
+def status_json(snap: Snapshot) -> dict[str, Any]:
     """The documented `orch status --json` object (schema orch.status/v1, see docs/design.md)."""
-    stale = stale or {}
+    rows, findings, run, stale = snap.rows, snap.findings, snap.run, snap.stale or {}
     return {
         "schema": STATUS_SCHEMA,
-        "plan": plan_name,
-        "store": store_path,
+        "plan": snap.name,
+        "store": str(snap.path),
         "run": None
         if run is None
         else {

@@ -20,6 +20,7 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.terminal import use_color
 from orchestrator.store.db import Store
 from orchestrator.views.board import render_board
+from orchestrator.views.snapshot import read
 
 REDRAW_EVERY = 0.3  # seconds
 
@@ -39,6 +40,7 @@ class LiveBoard:
         self.drawn_lines = 0
         self.changed, self.stop = threading.Event(), threading.Event()
         self.thread: threading.Thread | None = None
+        self.path = Path()  # the store's, once the first event says the run has begun
 
     def event(self, _: object) -> None:
         if self.thread is None:
@@ -80,19 +82,8 @@ class LiveBoard:
                 store.close()
 
     def _board(self, store: Store) -> str:
-        runs = store.runs(1)
-        rows = store.todos()
-        if not rows:
-            return ""
-        name = store.plan_name() or self.path.stem
-        return render_board(
-            name,
-            str(self.path),
-            rows,
-            store.findings(),
-            runs[0] if runs else None,
-            color=use_color(self.stream),
-        )
+        snap = read(store, self.path, self.path.stem)
+        return render_board(snap, color=use_color(self.stream)) if snap.rows else ""
 
     def _erase(self) -> None:
         if self.drawn_lines:

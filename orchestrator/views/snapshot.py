@@ -8,39 +8,16 @@ run's task as running.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from orchestrator.core.errors import OrchError
-from orchestrator.core.findings import Finding
 from orchestrator.store.db import Store
-from orchestrator.views.board import status_json
+from orchestrator.views.board import Snapshot as Snapshot  # where the views take it from
 
 if TYPE_CHECKING:
     from orchestrator.plan.model import Plan
-    from orchestrator.store.rows import ListedTodoRow, RunRow
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    name: str
-    path: Path
-    rows: Sequence[ListedTodoRow]
-    findings: Mapping[str, list[Finding]]
-    run: RunRow | None
-    stale: Mapping[str, Sequence[str]] | None
-
-    @property
-    def going(self) -> bool:
-        """A run is going now."""
-        return self.run is not None and self.run["ended_at"] is None
-
-    def as_json(self) -> dict[str, Any]:
-        """The documented `orch status --json` object."""
-        return status_json(
-            self.name, str(self.path), self.rows, self.findings, self.run, self.stale
-        )
 
 
 def take(
@@ -53,18 +30,28 @@ def take(
     store = Store.open(path, create=False)
     try:
         close_dead_runs_if_free(store, warn)
-        rows, findings = store.todos(), store.findings()
-        runs = store.runs(1)
-        name = store.plan_name() or (plan.name if plan else path.stem)
+        snap = read(store, path, plan.name if plan else path.stem, stale)
         if stale is None and plan is not None:
             from orchestrator.run.stale import stale_of
             from orchestrator.run.todos import plan_as_run
 
             ran = plan_as_run(plan, store)
-            stale = stale_of(ran, rows, store.done_marks(), store.findings_as_of)
+            found = stale_of(ran, snap.rows, store.done_marks(), store.findings_as_of)
+            snap = replace(snap, stale=found)
     finally:
         store.close()
-    return Snapshot(name, path, rows, findings, runs[0] if runs else None, stale)
+    return snap
+
+
+def read(
+    store: Store, path: Path, name: str, stale: Mapping[str, Sequence[str]] | None = None
+) -> Snapshot:
+    """The board of an open store as it is, closing nothing (`name`: when the store has none)."""
+    runs = store.runs(1)
+    rows, findings = store.todos(), store.findings()
+    return Snapshot(
+        store.plan_name() or name, path, rows, findings, runs[0] if runs else None, stale
+    )
 
 
 def close_dead_runs_if_free(store: Store, warn: Callable[[str], None]) -> None:
