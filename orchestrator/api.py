@@ -20,6 +20,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -130,15 +131,27 @@ class Runbook:
         except (*SQLITE_ERRORS, StoreError):
             return plan
 
+    @cached_property
+    def _digest(self) -> str | None:
+        """The plan file's bytes, vars and environment as first read: what a completed run
+        records, and what the fast path compares (None: the file cannot be read)."""
+        from orchestrator.store.finished import plan_digest
+
+        return plan_digest(self.plan_file, self.var_args) if self.plan_file else None
+
+    @cached_property
+    def _guess(self) -> Path | None:
+        """The store, found without loading the plan (its name read by a pattern)."""
+        from orchestrator.store.finished import guess_store
+
+        return guess_store(self.plan_file, self.store_opt) if self.plan_file else None
+
     def finished(self) -> bool:
         """The fast path: the plan file and vars are byte-identical to those of a run that
         completed every task, and the store says nothing changed since (no plan load)."""
-        from orchestrator.store.finished import already_finished, guess_store, plan_digest
+        from orchestrator.store.finished import already_finished
 
-        if self.plan_file is None:
-            return False
-        digest = plan_digest(self.plan_file, self.var_args)
-        guess = guess_store(self.plan_file, self.store_opt)
+        digest, guess = self._digest, self._guess
         if not (digest and guess and already_finished(guess, digest)):
             return False
         self._store_path = self._store_path or guess
@@ -163,12 +176,9 @@ class Runbook:
 
     def _cached_status(self, warn: Callable[[str], None]) -> Snapshot | None:
         from orchestrator.run.stale import cached_stale
-        from orchestrator.store.finished import guess_store, plan_digest
         from orchestrator.views.snapshot import take
 
-        assert self.plan_file is not None
-        digest = plan_digest(self.plan_file, self.var_args)
-        guess = guess_store(self.plan_file, self.store_opt)
+        digest, guess = self._digest, self._guess
         stale = cached_stale(guess, digest) if digest and guess else None
         if guess is None or stale is None:
             return None
@@ -178,10 +188,8 @@ class Runbook:
     def _store_despite(self, exc: PlanError, warn: Callable[[str], None]) -> Path:
         """The store of a plan that does not load, found as the fast path guesses it; `exc`
         again when there is none."""
-        from orchestrator.store.finished import guess_store
-
         assert self.plan_file is not None
-        path = guess_store(self.plan_file, self.store_opt) if self.plan_file.is_file() else None
+        path = self._guess if self.plan_file.is_file() else None
         if path is None or not path.exists():
             raise exc
         more = len(exc.issues) - 1
@@ -265,15 +273,14 @@ class Runbook:
         import sys
 
         from orchestrator.run.loop import RunOptions, execute
-        from orchestrator.store.finished import plan_digest
 
+        digest = None if rollback else self._digest  # the bytes as read before the load
         plan = self.load()
         path = self.store_path
         if request.approve:
             ran = self.plan_as_run()  # a gate may be one added to the store
             for gate in request.approve:
                 _check_gate(ran, gate)  # a mistyped --approve would leave the run at its gate
-        assert self.plan_file is not None
         options = RunOptions(
             keep_going=request.keep_going,
             rerun=request.rerun,
@@ -284,7 +291,7 @@ class Runbook:
             rollback=rollback,
             console_level=console,
             argv=list(argv if argv is not None else sys.argv),
-            plan_digest=None if rollback else plan_digest(self.plan_file, self.var_args),
+            plan_digest=digest,
         )
         feed = _EventFeed(path, on_event) if on_event is not None else None
         try:
