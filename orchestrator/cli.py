@@ -779,12 +779,20 @@ def _confirm(question: str, flag: str, what: str) -> bool:
     type=click.Path(path_type=Path),
     help="Folder for report.html and its PNGs (default: <store>.report/ beside it).",
 )
+@click.option(
+    "--fleet",
+    "fleet_view",
+    is_flag=True,
+    help="The fleet view of PLAN's latest roll: a host-by-step timeline and the findings "
+    "compared across hosts, with the outliers (into <plan>.fleet.report/; --run N: roll N).",
+)
 @json_option
 def report(
     plan_file: Path | None,
     store_opt: str | None,
     run_id: int | None,
     out_dir: Path | None,
+    fleet_view: bool,
     as_json: bool,
 ) -> None:
     """Write an HTML report: the run's timeline, the board, and each kind's figures.
@@ -802,15 +810,24 @@ def report(
     from orchestrator.views.report import kind_sections, write_report
 
     path = _store_path(store_opt, plan_file)
-    store = _open_store(path)
-    folder = out_dir or path.with_suffix(".report")
-    try:
-        page, figures = write_report(store, folder, kind_sections, run_id)
-    except OSError as exc:  # under /proc, on a file, read-only: the folder's fault, said so
-        why = exc.strerror or str(exc)
-        raise UsageError(f"cannot write the report into {folder}: {why}; give -o DIR") from None
-    finally:
-        store.close()
+    if fleet_view:
+        if plan_file is None:
+            raise UsageError("--fleet needs the PLAN whose roll to show")
+        from orchestrator.fleet.record import record_path
+        from orchestrator.fleet.report import write_fleet_report
+
+        folder = out_dir or record_path(path).with_suffix(".report")
+        doc = _fleet_doc(plan_file, run_id)
+        page, figures = _writing(folder, lambda: write_fleet_report(doc, folder))
+    else:
+        store = _open_store(path)
+        folder = out_dir or path.with_suffix(".report")
+        try:
+            page, figures = _writing(
+                folder, lambda: write_report(store, folder, kind_sections, run_id)
+            )
+        finally:
+            store.close()
     if as_json:
         click.echo(json.dumps({"report": str(page), "figures": [str(f) for f in figures]}))
     else:
@@ -1016,7 +1033,166 @@ def mcp(plan_file: Path | None, store_opt: str | None, var_args: tuple[str, ...]
     serve(runbook)
 
 
+# --- fleet -----------------------------------------------------------------------------------
+
+
+@cli.group()
+def fleet() -> None:
+    """One plan rolled over an Ansible inventory's hosts, with one board.
+
+    Each host runs the plan with its own orch and its own store there, reached through Ansible
+    over SSH; the controller records which host is at which step of which roll
+    (.orch/<plan>.fleet.db beside the plan). docs/fleet.md.
+    """
+
+
+inventory_option = click.option(
+    "--inventory",
+    "-i",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="An Ansible inventory (YAML, INI, a folder or a script); host vars named like the "
+    "plan's vars become its vars on that host.",
+)
+
+
+@fleet.command("run")
+@plan_argument
+@inventory_option
+@click.option(
+    "--serial",
+    default="1",
+    show_default=True,
+    metavar="N|N%",
+    help="Hosts a batch after the canary: a number or a share of the hosts.",
+)
+@click.option(
+    "--canary",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="Hosts in the first batch; the roll then waits for `orch fleet approve` (0: neither).",
+)
+@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible's --limit).")
+@click.option(
+    "--unreachable",
+    type=click.Choice(["stop", "skip"]),
+    default="stop",
+    show_default=True,
+    help="A host Ansible cannot reach stops the roll, or is skipped (tried again next run).",
+)
+@click.option(
+    "--approve", multiple=True, metavar="ID", help="Pass the plan's own gate ID on every host."
+)
+@click.option("--new-roll", is_flag=True, help="Abandon the open roll and begin a new one.")
+@vars_options
+@json_option
+def fleet_run(
+    plan_file: Path,
+    inventory: Path,
+    serial: str,
+    canary: int,
+    limit: str | None,
+    unreachable: str,
+    approve: tuple[str, ...],
+    new_roll: bool,
+    var_args: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Roll PLAN over the inventory's hosts: a canary, an approval, then batches.
+
+    A host that fails (its compensations run there), refuses (its orch is not this build) or
+    cannot be reached (unless --unreachable skip) stops the roll after its batch. Running
+    again resumes the open roll: completed hosts are left alone, the others resume from their
+    own stores. Exit status: 0 every host completed, 1 a host failed or was not reached,
+    2 bad plan, inventory or usage, 3 another fleet run holds the record, 4 waiting for
+    `orch fleet approve` (or a plan's gate on a host), 130 interrupted.
+
+    \b
+    Example:
+      orch fleet run plans/sglang_migration.yaml -i hosts.yml --serial 25%
+      orch fleet approve plans/sglang_migration.yaml
+    """
+    from orchestrator.fleet.roll import Roller, RollOptions
+
+    options = RollOptions(inventory, serial, canary, limit, unreachable, approve, new_roll)
+    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    roller = Roller(plan_file, var_args, options, say)
+    summary = roller.run()
+    if as_json:
+        click.echo(json.dumps({**_fleet_doc(plan_file), "exit_code": summary.exit_code}, indent=2))
+    else:
+        click.echo(summary.message)
+    sys.exit(summary.exit_code)
+
+
+@fleet.command("approve")
+@plan_argument
+@click.option("--note", "-m", help="Why, or on what condition: kept with the approval.")
+@json_option
+def fleet_approve(plan_file: Path, note: str | None, as_json: bool) -> None:
+    """Let the roll waiting after its canary go on; recorded with who, when and the note.
+
+    \b
+    Example:
+      orch fleet approve plans/sglang_migration.yaml -m "canary tok/s as expected"
+    """
+    from orchestrator.fleet.roll import approve_roll
+
+    roll = approve_roll(_store_path(None, plan_file), note)
+    if as_json:
+        click.echo(json.dumps({"roll": roll.id, "approved_by": roll.approved_by, "note": note}))
+    else:
+        click.echo(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
+
+
+@fleet.command("status")
+@plan_argument
+@click.option("--roll", "roll_id", type=int, help="That roll (default: the latest).")
+@json_option
+def fleet_status(plan_file: Path, roll_id: int | None, as_json: bool) -> None:
+    """The fleet board: each host's state in the roll, its tasks, and why it stopped or what
+    it found (from the controller's record: no host is contacted).
+
+    \b
+    Example:
+      orch fleet status plans/sglang_migration.yaml
+    """
+    doc = _fleet_doc(plan_file, roll_id)
+    if as_json:
+        click.echo(json.dumps(doc, indent=2))
+        return
+    from orchestrator.core.terminal import use_color
+    from orchestrator.fleet.board import render_fleet
+
+    click.echo(render_fleet(doc, color=use_color(sys.stdout)))
+
+
+def _fleet_doc(plan_file: Path, roll_id: int | None = None) -> dict[str, Any]:
+    from orchestrator.fleet.board import fleet_status
+    from orchestrator.fleet.record import FleetRecord, record_path
+
+    path = record_path(_store_path(None, plan_file))
+    record = FleetRecord.open(path)
+    try:
+        rolls = record.rolls()
+        if not rolls:
+            raise UsageError(f"{path} has no roll yet: run `orch fleet run` first")
+        roll = rolls[0] if roll_id is None else record.roll(roll_id)
+        return fleet_status(record, roll)
+    finally:
+        record.close()
+
+
 # --- shared ----------------------------------------------------------------------------------
+
+
+def _writing(folder: Path, write: Callable[[], tuple[Path, list[Path]]]) -> tuple[Path, list[Path]]:
+    try:
+        return write()
+    except OSError as exc:  # under /proc, on a file, read-only: the folder's fault, said so
+        why = exc.strerror or str(exc)
+        raise UsageError(f"cannot write the report into {folder}: {why}; give -o DIR") from None
 
 
 def _store_path(store_opt: str | None, plan_file: Path | None) -> Path:

@@ -1,0 +1,149 @@
+"""One Ansible play over some hosts, through ansible-runner, with each host's result.
+
+The play is one `command` task: orch's host command, given its payload on stdin (base64, so
+no Jinja templating can touch the plan's text). `failed_when: false`: a host's outcome is
+judged by orch from the host's answer, not by Ansible from an exit code; Ansible tells apart
+only what it alone knows: a host it could not reach.
+
+ansible-runner writes its artifacts (every event, module arguments included) into a private
+folder beside the fleet record, removed when the play ends: the controller keeps only what
+`record.py` keeps.
+The user's own `ansible.cfg` (ANSIBLE_CONFIG, or one in the working directory) still applies.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.errors import UsageError
+
+
+@dataclass(frozen=True)
+class HostResult:
+    host: str
+    reached: bool
+    rc: int | None
+    stdout: str
+    stderr: str
+    msg: str
+
+
+def ansible_tool(name: str) -> str:
+    """An Ansible command from orch's own environment first (a venv need not be on PATH)."""
+    beside = Path(sys.executable).parent / name
+    found = str(beside) if beside.exists() else shutil.which(name)
+    if found is None:
+        raise UsageError(f"{name} is not installed: pip install ansible-core (the README's set-up)")
+    return found
+
+
+def ansible_env() -> dict[str, str]:
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "ANSIBLE_NOCOLOR": "1",
+        "ANSIBLE_PIPELINING": os.environ.get("ANSIBLE_PIPELINING", "True"),  # one ssh a task
+        "ANSIBLE_RETRY_FILES_ENABLED": "False",
+        "ANSIBLE_DEPRECATION_WARNINGS": "False",
+        "ANSIBLE_LOCALHOST_WARNING": "False",
+    }
+    if "ANSIBLE_CONFIG" not in env and Path("ansible.cfg").is_file():
+        env["ANSIBLE_CONFIG"] = str(Path("ansible.cfg").resolve())
+    return env
+
+
+def run_command(
+    inventory: Path,
+    hosts: Sequence[str],
+    argv: Mapping[str, Sequence[str]],
+    stdin: Mapping[str, str],
+    on_start: Callable[[str], None],
+    on_result: Callable[[HostResult], None],
+    work: Path,
+    cancel: Callable[[], bool] = lambda: False,
+) -> None:
+    """Run `argv[host]` with `stdin[host]` on each of `hosts` at once (forks: all of them);
+    `on_result` is called as each host answers, from this thread. `work`: the private folder
+    ansible-runner's files go in (removed after; what a killed controller left there is
+    removed by the next roll)."""
+    import ansible_runner
+
+    play = [
+        {
+            "name": "orch",
+            "hosts": "all",
+            "gather_facts": False,
+            "tasks": [
+                {
+                    "name": "orch fleet host",
+                    "ansible.builtin.command": {
+                        "argv": "{{ orch_argv[inventory_hostname] }}",
+                        "stdin": "{{ orch_stdin[inventory_hostname] }}",
+                    },
+                    "failed_when": False,
+                    "changed_when": True,
+                }
+            ],
+        }
+    ]
+    extravars = {"orch_argv": dict(argv), "orch_stdin": dict(stdin)}
+    answered: set[str] = set()
+
+    def on_event(event: dict[str, Any]) -> bool:
+        kind = event.get("event", "")
+        data = event.get("event_data", {})
+        host = data.get("host")
+        if kind == "runner_on_start" and host:
+            on_start(host)
+        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable") and host:
+            res = data.get("res", {})
+            answered.add(host)
+            on_result(
+                HostResult(
+                    host,
+                    reached=kind != "runner_on_unreachable",
+                    rc=res.get("rc"),
+                    stdout=res.get("stdout", ""),
+                    stderr=res.get("stderr", ""),
+                    msg=str(res.get("msg", "")),
+                )
+            )
+        return False  # written nowhere: the artifacts hold nothing we keep
+
+    work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    private = tempfile.mkdtemp(prefix="ansible-", dir=work.resolve())
+    try:
+        runner = ansible_runner.run(
+            private_data_dir=private,
+            playbook=play,
+            inventory=str(inventory.resolve()),
+            limit=",".join(hosts),
+            extravars=extravars,
+            forks=max(1, len(hosts)),
+            envvars=ansible_env(),
+            quiet=True,
+            event_handler=on_event,
+            cancel_callback=cancel,
+        )
+        said = _last_line(runner.stdout.read()) if not answered else ""
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
+    if cancel():  # the hosts still working stay `running` in the record
+        return
+    for host in hosts:  # Ansible ended without a word for it (a crash, a killed ansible)
+        if host not in answered:
+            why = f"Ansible ended ({runner.status}, rc {runner.rc}) without an answer: {said}"
+            on_result(HostResult(host, reached=True, rc=None, stdout="", stderr="", msg=why))
+
+
+def _last_line(text: str) -> str:
+    """What Ansible said last (its error, for a play that never reached a host)."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else "(nothing)"

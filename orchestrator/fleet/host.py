@@ -1,0 +1,152 @@
+"""orch's side of a fleet batch, on each host: `python -P -m orchestrator.fleet.host`.
+
+Ansible runs this once per host and batch, with a payload on stdin (base64 of JSON):
+{"build", "plan": {"name", "file", "text", "modules": {name: text}}, "vars": ["K=V", ...],
+"home", "approve": [...], "wait_s", "argv"}. It
+
+1. refuses to run when this host's orch is not the controller's build (said in the answer);
+2. writes the plan and its own modules into `<home>/<plan name>/` (only what changed), so the
+   host's store is `<home>/<plan name>/.orch/<plan name>.db`, and `orch status` there reads it;
+3. waits while an earlier run of that store is still alive (a controller killed mid-roll
+   leaves its batch's runs going; the next roll waits for them instead of running twice);
+4. runs the plan through the engine API as `orch run` would (resuming from its own store; on
+   a failure its compensations run here, on this host);
+5. answers on stdout with one JSON object: {"result": {...}, "board": [...], "build": ...},
+   or {"refused": ..., "build": ...}, or {"error": ..., "exit_code": ...}.
+
+The answer holds the board as the host's store has it (masked there: secrets never leave the
+host), without output tails. Log lines go to stderr, which the controller does not keep.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from orchestrator.core.errors import OrchError, PlanError
+from orchestrator.core.umask import private_files
+from orchestrator.fleet.build import build_id
+
+if TYPE_CHECKING:
+    from orchestrator.api import Runbook
+
+TASK_FIELDS = ("id", "status", "attempts", "started_at", "ended_at", "duration_s", "last_error")
+
+
+def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the controller keeps of a host's `orch status --json`: each task's status, times
+    and findings (not its output tail or log path)."""
+    return [
+        {
+            **{k: t.get(k) for k in TASK_FIELDS},
+            "findings": [
+                {k: f.get(k) for k in ("key", "value", "unit", "note")}
+                for f in t.get("findings", [])
+            ],
+        }
+        for t in status.get("tasks", [])
+    ]
+
+
+def place_plan(home: Path, plan: dict[str, Any]) -> Path:
+    """The plan and its modules in their folder; a file whose text is unchanged is left as it
+    is (its mtime too)."""
+    folder = home / _plain(plan["name"])
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    files = {plan["file"]: plan["text"], **plan.get("modules", {})}
+    for name, text in files.items():
+        target = folder / _plain(name)
+        if target.is_file() and target.read_text(encoding="utf-8") == text:
+            continue
+        partial = target.with_name(f".{target.name}.partial")
+        partial.write_text(text, encoding="utf-8")
+        os.replace(partial, target)
+    return folder / _plain(plan["file"])
+
+
+def _plain(name: str) -> str:
+    """A file name, never a path: the payload comes over the network."""
+    if not name or "/" in name or name in (".", "..") or "\0" in name:
+        raise ValueError(f"not a plain file name: {name!r}")
+    return name
+
+
+def wait_for_holder(runbook: Runbook, wait_s: float, say: TextIO) -> str | None:
+    """Wait while a live run holds the store; the holder's description if it still does."""
+    end = time.monotonic() + wait_s
+    holder = runbook.holder()
+    if holder:
+        say.write(f"waiting for {holder} to end\n")
+    while holder and time.monotonic() < end:
+        time.sleep(0.5)
+        holder = runbook.holder()
+    return holder
+
+
+def main() -> int:
+    answer = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # a `python` task's print() must not land inside the answer
+    sys.stdout = sys.stderr
+    private_files()
+
+    def emit(doc: dict[str, Any]) -> None:
+        answer.write(json.dumps(doc) + "\n")
+        answer.flush()
+
+    try:
+        payload = json.loads(base64.b64decode(sys.stdin.read()))
+    except ValueError as exc:
+        emit({"error": f"unreadable payload: {exc}", "exit_code": 2})
+        return 2
+    here = build_id()
+    if payload.get("build") != here:
+        emit(
+            {
+                "refused": f"orch here is {here}, the controller's is {payload.get('build')}",
+                "build": here,
+            }
+        )
+        return 0
+    from orchestrator.api import Runbook, RunRequest, stoppable
+
+    stoppable()
+    try:
+        plan_file = place_plan(Path(payload["home"]), payload["plan"])
+        os.chdir(plan_file.parent)
+        runbook = Runbook(plan_file, None, payload.get("vars", ()))
+        holder = wait_for_holder(runbook, float(payload.get("wait_s", 3600)), sys.stderr)
+        if holder:
+            emit({"error": f"still in use by {holder}", "exit_code": 3})
+            return 3
+        summary = runbook.run(
+            RunRequest(approve=tuple(payload.get("approve", ()))),
+            console="warning",
+            argv=payload.get("argv") or ["orch", "fleet", "run", plan_file.name],
+        )
+        board = board_of(runbook.status().as_json())
+    except PlanError as exc:
+        emit({"error": "\n".join(str(i) for i in exc.issues), "exit_code": exc.exit_code})
+        return exc.exit_code
+    except OrchError as exc:
+        emit({"error": str(exc), "exit_code": exc.exit_code})
+        return exc.exit_code
+    except (OSError, ValueError) as exc:
+        emit({"error": f"cannot place the plan: {exc}", "exit_code": 2})
+        return 2
+    result = {
+        "exit_code": summary.exit_code,
+        "outcome": str(summary.outcome),
+        "run": summary.run_id,
+        "store": str(summary.store.resolve()),
+    }
+    emit({"result": result, "board": board, "build": here})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""The controller's record of its rolls: which host is at which step of which roll.
+
+A SQLite file beside the plan's own store (`.orch/<plan>.fleet.db`). Each change is one
+transaction, committed before the side effect it announces: a batch's hosts are `running`
+before Ansible is asked to reach them, so a controller killed mid-batch knows exactly which
+hosts may have work in flight (their own stores on the hosts say how far each got). `moves`
+keeps every host state change, oldest first: the roll's history, the next morning too.
+
+What is kept of a host's plan is its board as the host's orch reported it (ids, statuses,
+times, findings), already masked there: no output tail, no log text, no secret.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Sequence
+from contextlib import closing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.errors import StoreError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rolls (
+    id INTEGER PRIMARY KEY,
+    plan TEXT NOT NULL,
+    plan_file TEXT NOT NULL,
+    inventory TEXT NOT NULL,
+    build TEXT NOT NULL,
+    canary INTEGER NOT NULL,
+    serial TEXT NOT NULL,
+    options TEXT NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT,
+    started_at REAL NOT NULL,
+    ended_at REAL,
+    approved_by TEXT,
+    approved_at REAL,
+    note TEXT
+);
+CREATE TABLE IF NOT EXISTS hosts (
+    roll_id INTEGER NOT NULL REFERENCES rolls(id),
+    host TEXT NOT NULL,
+    position INTEGER NOT NULL,
+    batch INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    detail TEXT,
+    sent INTEGER NOT NULL DEFAULT 0,
+    started_at REAL,
+    ended_at REAL,
+    board TEXT,
+    PRIMARY KEY (roll_id, host)
+);
+CREATE TABLE IF NOT EXISTS moves (
+    id INTEGER PRIMARY KEY,
+    roll_id INTEGER NOT NULL REFERENCES rolls(id),
+    at REAL NOT NULL,
+    host TEXT,
+    state TEXT NOT NULL,
+    detail TEXT
+);
+"""
+
+# A roll is open until every host completed; `abandoned` when a new roll replaced it.
+ROLL_STATES = ("running", "awaiting_approval", "stopped", "interrupted", "completed", "abandoned")
+# running: sent, no answer yet; the rest are what the host's answer (or Ansible) said.
+HOST_STATES = (
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "waiting",
+    "unreachable",
+    "refused",
+    "error",
+    "removed",
+)
+DONE = "completed"
+
+
+@dataclass(frozen=True)
+class Roll:
+    id: int
+    plan: str
+    plan_file: str
+    inventory: str
+    build: str
+    canary: int
+    serial: str
+    options: dict[str, Any]
+    state: str
+    detail: str | None
+    started_at: float
+    ended_at: float | None
+    approved_by: str | None
+    approved_at: float | None
+    note: str | None
+
+    @property
+    def open(self) -> bool:
+        return self.state not in ("completed", "abandoned")
+
+
+@dataclass(frozen=True)
+class HostRow:
+    host: str
+    position: int
+    batch: int
+    state: str
+    detail: str | None
+    sent: int  # how many times the controller sent it the plan
+    started_at: float | None
+    ended_at: float | None
+    board: list[dict[str, Any]]  # the host's tasks as its orch last reported them
+
+
+class FleetRecord:
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self.path = path
+        self._db = conn
+
+    @classmethod
+    def open(cls, path: Path, create: bool = False) -> FleetRecord:
+        if not path.exists() and not create:
+            raise StoreError(f"no fleet record at {path}: no `orch fleet run` of this plan yet")
+        try:
+            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, isolation_level=None, timeout=10)
+            conn.row_factory = sqlite3.Row
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")  # a committed batch start survives power loss
+            conn.executescript(SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{path} is not a readable fleet record: {exc}") from None
+        return cls(path, conn)
+
+    def close(self) -> None:
+        self._db.close()
+
+    def _write(self, statements: Iterable[tuple[str, Sequence[Any]]]) -> None:
+        """One transaction: every statement or none."""
+        with closing(self._db.cursor()) as cur:
+            cur.execute("BEGIN IMMEDIATE")
+            try:
+                for sql, args in statements:
+                    cur.execute(sql, args)
+            except BaseException:
+                cur.execute("ROLLBACK")
+                raise
+            cur.execute("COMMIT")
+
+    # --- rolls ---------------------------------------------------------------------------
+
+    def rolls(self) -> list[Roll]:
+        """Newest first. A record holds one plan's rolls (it lives beside that plan's store)."""
+        rows = self._db.execute("SELECT * FROM rolls ORDER BY id DESC")
+        return [_roll(r) for r in rows]
+
+    def roll(self, roll_id: int) -> Roll:
+        row = self._db.execute("SELECT * FROM rolls WHERE id=?", (roll_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"{self.path} has no roll #{roll_id}")
+        return _roll(row)
+
+    def new_roll(
+        self,
+        *,
+        plan: str,
+        plan_file: str,
+        inventory: str,
+        build: str,
+        canary: int,
+        serial: str,
+        options: dict[str, Any],
+        batches: Sequence[Sequence[str]],
+    ) -> int:
+        now = time.time()
+        cur = self._db.cursor()
+        cur.execute("BEGIN IMMEDIATE")
+        try:
+            cur.execute(
+                "UPDATE rolls SET state='abandoned', ended_at=? WHERE state NOT IN "
+                "('completed', 'abandoned')",
+                (now,),
+            )
+            cur.execute(
+                "INSERT INTO rolls (plan, plan_file, inventory, build, canary, serial, options,"
+                " state, started_at) VALUES (?, ?, ?, ?, ?, ?, ?, 'running', ?)",
+                (plan, plan_file, inventory, build, canary, serial, json.dumps(options), now),
+            )
+            roll_id = int(cur.lastrowid or 0)
+            self._insert_hosts(cur, roll_id, 0, 0, batches)
+        except BaseException:
+            cur.execute("ROLLBACK")
+            raise
+        cur.execute("COMMIT")
+        return roll_id
+
+    def add_hosts(self, roll_id: int, batches: Sequence[Sequence[str]]) -> None:
+        """Hosts the inventory gained since the roll began: new batches at its end."""
+        cur = self._db.cursor()
+        row = cur.execute(
+            "SELECT COALESCE(MAX(position), -1) + 1, COALESCE(MAX(batch), -1) + 1 FROM hosts"
+            " WHERE roll_id=?",
+            (roll_id,),
+        ).fetchone()
+        cur.execute("BEGIN IMMEDIATE")
+        self._insert_hosts(cur, roll_id, row[0], row[1], batches)
+        cur.execute("COMMIT")
+
+    @staticmethod
+    def _insert_hosts(
+        cur: sqlite3.Cursor,
+        roll_id: int,
+        position: int,
+        first: int,
+        batches: Sequence[Sequence[str]],
+    ) -> None:
+        for number, batch in enumerate(batches, first):
+            for host in batch:
+                cur.execute(
+                    "INSERT INTO hosts (roll_id, host, position, batch, state) "
+                    "VALUES (?, ?, ?, ?, 'pending')",
+                    (roll_id, host, position, number),
+                )
+                position += 1
+
+    def set_roll(self, roll_id: int, state: str, detail: str | None = None) -> None:
+        ended = time.time() if state not in ("running",) else None
+        self._write(
+            [
+                (
+                    "UPDATE rolls SET state=?, detail=?, ended_at=? WHERE id=?",
+                    (state, detail, ended, roll_id),
+                ),
+                _move(roll_id, None, state, detail),
+            ]
+        )
+
+    def approve(self, roll_id: int, by: str, note: str | None) -> None:
+        self._write(
+            [
+                (
+                    "UPDATE rolls SET approved_by=?, approved_at=?, note=? WHERE id=?",
+                    (by, time.time(), note, roll_id),
+                ),
+                _move(roll_id, None, "approved", f"by {by}" + (f": {note}" if note else "")),
+            ]
+        )
+
+    # --- hosts ---------------------------------------------------------------------------
+
+    def hosts(self, roll_id: int) -> list[HostRow]:
+        rows = self._db.execute("SELECT * FROM hosts WHERE roll_id=? ORDER BY position", (roll_id,))
+        return [
+            HostRow(
+                r["host"],
+                r["position"],
+                r["batch"],
+                r["state"],
+                r["detail"],
+                r["sent"],
+                r["started_at"],
+                r["ended_at"],
+                json.loads(r["board"]) if r["board"] else [],
+            )
+            for r in rows
+        ]
+
+    def start_hosts(self, roll_id: int, hosts: Sequence[str]) -> None:
+        """Committed before Ansible is asked: these hosts may now have work in flight."""
+        now = time.time()
+        statements: list[tuple[str, Sequence[Any]]] = [
+            ("UPDATE rolls SET state='running', detail=NULL, ended_at=NULL WHERE id=?", (roll_id,))
+        ]
+        for host in hosts:
+            statements += [
+                (
+                    "UPDATE hosts SET state='running', detail=NULL, sent=sent+1, started_at=?,"
+                    " ended_at=NULL WHERE roll_id=? AND host=?",
+                    (now, roll_id, host),
+                ),
+                _move(roll_id, host, "running", None),
+            ]
+        self._write(statements)
+
+    def finish_host(
+        self,
+        roll_id: int,
+        host: str,
+        state: str,
+        detail: str | None,
+        board: list[dict[str, Any]] | None = None,
+    ) -> None:
+        assert state in HOST_STATES, state
+        now = time.time()
+        keep = "board" if board is None else "?"
+        args: list[Any] = [state, detail, now] + ([] if board is None else [json.dumps(board)])
+        self._write(
+            [
+                (
+                    f"UPDATE hosts SET state=?, detail=?, ended_at=?, board={keep}"
+                    " WHERE roll_id=? AND host=?",
+                    (*args, roll_id, host),
+                ),
+                _move(roll_id, host, state, detail),
+            ]
+        )
+
+    def moves(self, roll_id: int) -> list[dict[str, Any]]:
+        rows = self._db.execute("SELECT * FROM moves WHERE roll_id=? ORDER BY id", (roll_id,))
+        return [dict(r) for r in rows]
+
+
+def _move(
+    roll_id: int, host: str | None, state: str, detail: str | None
+) -> tuple[str, Sequence[Any]]:
+    sql = "INSERT INTO moves (roll_id, at, host, state, detail) VALUES (?, ?, ?, ?, ?)"
+    return sql, (roll_id, time.time(), host, state, detail)
+
+
+def _roll(r: sqlite3.Row) -> Roll:
+    return Roll(
+        r["id"],
+        r["plan"],
+        r["plan_file"],
+        r["inventory"],
+        r["build"],
+        r["canary"],
+        r["serial"],
+        json.loads(r["options"]),
+        r["state"],
+        r["detail"],
+        r["started_at"],
+        r["ended_at"],
+        r["approved_by"],
+        r["approved_at"],
+        r["note"],
+    )
+
+
+def record_path(store: Path) -> Path:
+    """Beside the plan's own store: `.orch/<plan name>.fleet.db` for `.orch/<plan name>.db`."""
+    return store.with_suffix(".fleet.db")

@@ -1,0 +1,420 @@
+"""A rolling run of one plan over an inventory's hosts: canary, approval, batches, stop, resume.
+
+The roll's shape is fixed when it begins and kept in the record: the first `canary` hosts
+(inventory order) are batch 0, the rest go in batches of `serial` (a number or a percentage of
+the hosts). Before a batch starts, its hosts are recorded `running` (committed), then Ansible
+runs orch's host command on all of them at once (host.py). Each answer is recorded as it comes.
+
+- A host that failed (its plan failed there; its compensations ran there, as on one host),
+  refused (another orch build), errored, or stopped at one of the plan's own gates stops the
+  roll after its batch: no later batch starts. An unreachable host stops it too, unless
+  `unreachable="skip"`: then the roll goes on and the host is tried again by the next run.
+- After the canary batch the roll waits for a person (`orch fleet approve`), exit 4.
+- Running again resumes the open roll: completed hosts are not contacted; a host recorded
+  `running` (the controller died while it worked) is sent the plan again, and its orch waits
+  for the earlier run there to end and resumes from its own store, so nothing runs twice.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from orchestrator.core.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_WAITING,
+    UsageError,
+)
+from orchestrator.fleet.ansible import HostResult, run_command
+from orchestrator.fleet.build import build_id
+from orchestrator.fleet.inventory import InventoryHost, read_inventory
+from orchestrator.fleet.record import DONE, FleetRecord, Roll, record_path
+
+DEFAULT_VENV = "/opt/orch/venv"
+DEFAULT_HOME = "/var/lib/orch"
+# What ends a host's part in a batch without completing it; all but `unreachable` stop the roll.
+STOPPING = ("failed", "refused", "error", "waiting")
+
+
+@dataclass(frozen=True)
+class RollOptions:
+    inventory: Path
+    serial: str = "1"  # hosts a batch after the canary: "N" or "N%"
+    canary: int = 1  # hosts in the canary batch; 0: no canary, no approval gate
+    limit: str | None = None  # Ansible's --limit pattern
+    unreachable: str = "stop"  # or "skip": go on without it, try it again next run
+    approve: Sequence[str] = ()  # the plan's own gates, passed on every host
+    new_roll: bool = False  # abandon the open roll and begin again
+    wait_s: float = 3600.0  # how long a host waits for an earlier run of its store
+
+
+@dataclass
+class RollSummary:
+    roll_id: int
+    state: str
+    exit_code: int
+    message: str
+    record: Path
+
+
+def batches_of(hosts: Sequence[str], canary: int, serial: str) -> list[list[str]]:
+    """Canary batch first (when canary > 0), then batches of `serial` hosts (N or N%, of all)."""
+    size = batch_size(serial, len(hosts))
+    head, rest = list(hosts[:canary]), list(hosts[canary:])
+    return ([head] if head else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
+
+
+def batch_size(serial: str, total: int) -> int:
+    text = serial.strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 < share <= 100:
+                raise ValueError
+            return max(1, math.ceil(total * share / 100))
+        size = int(text)
+        if size < 1:
+            raise ValueError
+        return size
+    except ValueError:
+        raise UsageError(
+            f"--serial {serial!r}: give a number of hosts (2) or a share (25%)"
+        ) from None
+
+
+class Roller:
+    """One `orch fleet run`: the record open, the roll chosen, the batches run."""
+
+    def __init__(
+        self,
+        plan_file: Path,
+        var_args: Sequence[str],
+        options: RollOptions,
+        say: Callable[[str], None],
+    ) -> None:
+        from orchestrator.api import Runbook
+
+        self.plan_file = plan_file
+        self.options = options
+        self.say = say
+        self.runbook = Runbook(plan_file, None, var_args)
+        self.plan = self.runbook.load()  # a bad plan stops here, before any host is reached
+        self.var_args = tuple(var_args)
+        self.record_path = record_path(self.runbook.store_path)
+        self.stopping = threading.Event()
+
+    # --- the roll --------------------------------------------------------------------------
+
+    def run(self) -> RollSummary:
+        from orchestrator.store.lock import RunLock
+
+        hosts = read_inventory(self.options.inventory, self.options.limit)
+        lock = RunLock(self.record_path)
+        lock.acquire({"pid": os.getpid(), "host": socket.gethostname(), "run_id": "fleet"})
+        record = FleetRecord.open(self.record_path, create=True)
+        try:
+            roll = self._choose_roll(record, hosts)
+            with self._stoppable():
+                return self._roll(record, roll, {h.name: h for h in hosts})
+        finally:
+            record.close()
+            lock.release()
+
+    def _choose_roll(self, record: FleetRecord, hosts: Sequence[InventoryHost]) -> Roll:
+        names = [h.name for h in hosts]
+        o = self.options
+        open_roll = next((r for r in record.rolls() if r.open), None)
+        if open_roll is not None and not o.new_roll:
+            self.say(
+                f"resuming roll #{open_roll.id} ({open_roll.state}"
+                + (f": {open_roll.detail}" if open_roll.detail else "")
+                + ")"
+            )
+            if open_roll.build != build_id():
+                self.say(f"  orch here is now {build_id()}; the roll began with {open_roll.build}")
+            if (o.canary, o.serial) != (open_roll.canary, open_roll.serial):
+                self.say(
+                    f"  the roll keeps its batches (canary {open_roll.canary}, serial "
+                    f"{open_roll.serial}); --new-roll begins one with yours"
+                )
+            known = {h.host for h in record.hosts(open_roll.id)}
+            for gone in known - set(names):
+                record.finish_host(open_roll.id, gone, "removed", "no longer in the inventory")
+            new = [n for n in names if n not in known]
+            if new:
+                self.say(f"  {len(new)} host(s) new in the inventory go last: {', '.join(new)}")
+                record.add_hosts(open_roll.id, batches_of(new, 0, open_roll.serial))
+            return record.roll(open_roll.id)
+        roll_id = record.new_roll(
+            plan=self.plan.name,
+            plan_file=str(self.plan_file),
+            inventory=str(o.inventory),
+            build=build_id(),
+            canary=min(o.canary, len(names)),
+            serial=o.serial,
+            options={"unreachable": o.unreachable, "limit": o.limit},
+            batches=batches_of(names, o.canary, o.serial),
+        )
+        roll = record.roll(roll_id)
+        canary = names[: roll.canary]
+        self.say(
+            f"roll #{roll_id} of {self.plan.name}: {len(names)} hosts"
+            + (f", canary {', '.join(canary)}" if canary else ", no canary")
+            + f", then batches of {o.serial} (record: {self.record_path})"
+        )
+        return roll
+
+    def _roll(
+        self, record: FleetRecord, roll: Roll, inventory: dict[str, InventoryHost]
+    ) -> RollSummary:
+        rows = record.hosts(roll.id)
+        skipped: list[str] = []
+        for number in sorted({r.batch for r in rows}):
+            todo = [
+                r.host
+                for r in record.hosts(roll.id)
+                if r.batch == number and r.state not in (DONE, "removed")
+            ]
+            if not todo:
+                continue
+            if roll.canary and number > 0 and roll.approved_by is None:
+                why = f"the canary passed ({', '.join(_batch(rows, 0))}): approve the roll"
+                record.set_roll(roll.id, "awaiting_approval", why)
+                msg = f"{why} with `orch fleet approve {self.plan_file}`, then run again"
+                return self._end(roll, "awaiting_approval", EXIT_WAITING, msg)
+            label = "canary" if roll.canary and number == 0 else f"batch {number}"
+            self.say(f"{label}: {', '.join(todo)}")
+            record.start_hosts(roll.id, todo)
+            self._run_batch(record, roll, todo, inventory)
+            if self.stopping.is_set():
+                msg = "interrupted: the hosts' runs in flight go on there; run again to collect"
+                record.set_roll(roll.id, "interrupted", msg)
+                return self._end(roll, "interrupted", EXIT_INTERRUPTED, msg)
+            states = {r.host: r for r in record.hosts(roll.id) if r.host in todo}
+            stopped = [h for h in todo if states[h].state in STOPPING]
+            gone = [h for h in todo if states[h].state == "unreachable"]
+            if gone and self.options.unreachable == "skip":
+                skipped += gone
+                self.say(f"  going on without {', '.join(gone)} (--unreachable skip)")
+                gone = []
+            if stopped or gone:
+                first = states[(stopped + gone)[0]]
+                why = f"{first.host} {first.state}: {first.detail}"
+                later = [r.host for r in record.hosts(roll.id) if r.batch > number]
+                record.set_roll(roll.id, "stopped", why)
+                msg = f"roll stopped: {why}" + (
+                    f"; not started: {', '.join(later)}" if later else ""
+                )
+                waiting = all(states[h].state == "waiting" for h in stopped + gone)
+                return self._end(roll, "stopped", EXIT_WAITING if waiting else EXIT_FAILED, msg)
+        if skipped:
+            why = f"unreachable, skipped: {', '.join(skipped)}; run again to try them"
+            record.set_roll(roll.id, "stopped", why)
+            return self._end(roll, "stopped", EXIT_FAILED, f"roll incomplete: {why}")
+        record.set_roll(roll.id, "completed", None)
+        return self._end(roll, "completed", EXIT_OK, f"roll #{roll.id} completed on every host")
+
+    def _end(self, roll: Roll, state: str, code: int, message: str) -> RollSummary:
+        return RollSummary(roll.id, state, code, message, self.record_path)
+
+    # --- a batch -----------------------------------------------------------------------------
+
+    def _run_batch(
+        self,
+        record: FleetRecord,
+        roll: Roll,
+        todo: Sequence[str],
+        inventory: dict[str, InventoryHost],
+    ) -> None:
+        payloads = {h: self._payload(roll, inventory[h]) for h in todo}
+        argv = {h: _host_argv(inventory[h]) for h in todo}
+        started = time.monotonic()
+        waiting = set(todo)
+
+        def on_result(result: HostResult) -> None:
+            state, detail, board = judge(result, argv[result.host][0])
+            record.finish_host(roll.id, result.host, state, detail, board)
+            waiting.discard(result.host)
+            took = _took(time.monotonic() - started)
+            self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
+
+        with _heartbeat(self.say, waiting, started, self.stopping):
+            run_command(
+                self.options.inventory,
+                todo,
+                argv,
+                payloads,
+                on_start=lambda host: None,
+                on_result=on_result,
+                work=self.record_path.with_suffix(".d"),
+                cancel=self.stopping.is_set,
+            )
+
+    def _payload(self, roll: Roll, host: InventoryHost) -> str:
+        import base64
+
+        declared = set(self.plan.vars)
+        host_vars = [f"{k}={json.dumps(v)}" for k, v in host.vars.items() if k in declared]
+        folder = self.plan_file.parent
+        modules = {
+            p.name: p.read_text(encoding="utf-8")
+            for p in sorted(folder.glob("*.py"))
+            if p.is_file()
+        }
+        doc = {
+            "build": build_id(),  # this controller's, also on a roll begun by an older one
+            "plan": {
+                "name": self.plan.name,
+                "file": self.plan_file.name,
+                "text": self.plan_file.read_text(encoding="utf-8"),
+                "modules": modules,
+            },
+            "vars": host_vars + list(self.var_args),  # the command line's --var wins
+            "home": str(host.vars.get("orch_home", DEFAULT_HOME)),
+            "approve": list(self.options.approve),
+            "wait_s": self.options.wait_s,
+            "argv": ["orch", "fleet", "run", self.plan_file.name, f"(roll #{roll.id})"],
+        }
+        return base64.b64encode(json.dumps(doc).encode()).decode()
+
+    @contextmanager
+    def _stoppable(self) -> Iterator[None]:
+        """Ctrl-C, SIGTERM, SIGHUP: stop waiting after asking Ansible to cancel."""
+
+        def stop(signum: int, frame: object) -> None:
+            self.stopping.set()
+
+        kept = {s: signal.signal(s, stop) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
+        try:
+            yield
+        finally:
+            for s, handler in kept.items():
+                signal.signal(s, handler)
+
+
+def approve_roll(store: Path, note: str | None) -> Roll:
+    """Approve the roll waiting after its canary, as the person running this."""
+    from orchestrator.run.approvals import who
+
+    record = FleetRecord.open(record_path(store))
+    try:
+        roll = next((r for r in record.rolls() if r.open), None)
+        if roll is None or roll.state != "awaiting_approval":
+            what = f"roll #{roll.id} is {roll.state}" if roll else "no roll is open"
+            raise UsageError(f"nothing waits for approval: {what}")
+        record.approve(roll.id, who(), note)
+        return record.roll(roll.id)
+    finally:
+        record.close()
+
+
+def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[str, Any]] | None]:
+    """A host's state, a one-line detail and its board, from what Ansible brought back."""
+    if not result.reached:
+        return "unreachable", _first_line(result.msg) or "Ansible could not reach it", None
+    answer = _answer(result.stdout)
+    if answer is None:
+        said = _first_line(result.stderr) or _first_line(result.msg)
+        if result.rc in (2, 127) and ("No such file" in said or "not found" in said):
+            return "refused", f"no orch at {python} (set orch_venv, or install it)", None
+        if "No module named" in said:
+            return "refused", f"the orch at {python} has no fleet support: {said}", None
+        return "error", said or f"exit code {result.rc} and no answer", None
+    if "refused" in answer:
+        return "refused", str(answer["refused"]), None
+    if "error" in answer:
+        return "error", _first_line(str(answer["error"])), None
+    board: list[dict[str, Any]] = answer.get("board", [])
+    code = answer["result"]["exit_code"]
+    if code == EXIT_OK:
+        return "completed", _headline(board), board
+    if code == EXIT_WAITING:
+        gates = [t["id"] for t in board if t["status"] == "waiting"]
+        return "waiting", f"at the plan's gate {', '.join(gates)}", board
+    if code == EXIT_INTERRUPTED:
+        return "failed", "its run was interrupted there", board
+    failed = next((t for t in board if t["status"] == "failed"), None)
+    if failed is None:
+        return "failed", f"its run ended {answer['result']['outcome']}", board
+    error = _first_line(failed.get("last_error") or "")
+    return "failed", f"at {failed['id']}" + (f" ({error})" if error else ""), board
+
+
+def _answer(stdout: str) -> dict[str, Any] | None:
+    for line in reversed(stdout.splitlines()):
+        if line.startswith("{"):
+            try:
+                doc = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(doc, dict):
+                return doc
+    return None
+
+
+def _headline(board: Sequence[dict[str, Any]]) -> str | None:
+    """Two findings of the latest task that has any: what a person glances at first."""
+    for task in reversed(board):
+        shown = [_finding(f) for f in task.get("findings", [])][:2]
+        if shown:
+            return f"{task['id']}: " + ", ".join(shown)
+    return None
+
+
+def _finding(f: dict[str, Any]) -> str:
+    return f"{f['key']}={f['value']}" + (f" {f['unit']}" if f.get("unit") else "")
+
+
+def _first_line(text: str) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
+def _host_argv(host: InventoryHost) -> list[str]:
+    venv = str(host.vars.get("orch_venv", DEFAULT_VENV)).rstrip("/")
+    return [f"{venv}/bin/python", "-P", "-m", "orchestrator.fleet.host"]
+
+
+def _batch(rows: Sequence[Any], number: int) -> list[str]:
+    return [r.host for r in rows if r.batch == number]
+
+
+def _took(seconds: float) -> str:
+    return f"{seconds:.1f}s" if seconds < 60 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+@contextmanager
+def _heartbeat(
+    say: Callable[[str], None], waiting: set[str], started: float, stop: threading.Event
+) -> Iterator[None]:
+    """A line every 30 s naming the hosts still at work: a batch can take an hour."""
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(30):
+            if waiting and not stop.is_set():
+                names = sorted(waiting)
+                shown = ", ".join(names[:8]) + (
+                    f" and {len(names) - 8} more" if len(names) > 8 else ""
+                )
+                say(f"  still running after {_took(time.monotonic() - started)}: {shown}")
+
+    thread = threading.Thread(target=beat, name="fleet-heartbeat", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
