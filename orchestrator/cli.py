@@ -1084,6 +1084,12 @@ inventory_option = click.option(
 @click.option(
     "--approve", multiple=True, metavar="ID", help="Pass the plan's own gate ID on every host."
 )
+@click.option(
+    "--install",
+    is_flag=True,
+    help="Put this orch on a host that has none or another build (its venv `orch_venv`, "
+    "from wheels built here and copied), then run there; without it such a host is refused.",
+)
 @click.option("--new-roll", is_flag=True, help="Abandon the open roll and begin a new one.")
 @vars_options
 @json_option
@@ -1095,6 +1101,7 @@ def fleet_run(
     limit: str | None,
     unreachable: str,
     approve: tuple[str, ...],
+    install: bool,
     new_roll: bool,
     var_args: tuple[str, ...],
     as_json: bool,
@@ -1115,7 +1122,9 @@ def fleet_run(
     """
     from orchestrator.fleet.roll import Roller, RollOptions
 
-    options = RollOptions(inventory, serial, canary, limit, unreachable, approve, new_roll)
+    options = RollOptions(
+        inventory, serial, canary, limit, unreachable, approve, new_roll, install=install
+    )
     say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
     roller = Roller(plan_file, var_args, options, say)
     summary = roller.run()

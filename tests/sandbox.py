@@ -21,6 +21,11 @@ holds what the start script said; on a boot failure the error shows it and syste
 Files the tests share with the sandbox live in a folder under the checkout (`.sandbox/`), never
 under /tmp, which the namespace cannot see. Code under test runs inside with `Sandbox.run`
 (nsenter), because `systemctl` outside the namespace refuses to talk to this manager.
+
+`start(netns=NS)` boots it inside network namespace NS (`ip netns exec`), as one host of a test
+fleet (tests/fleet_hosts.py). Several such systemds run side by side, so each gets a cgroup of its
+own (`orch-sandbox-NS`) to root its units in: rooted at the shared top, two hosts' `foo.service`
+would be one group, and each manager would wait on the other's processes when stopping it.
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -108,6 +113,12 @@ exec "$SYSTEMD_BIN" --system --unit="$BOOT_TARGET" --log-target=console
 """
 
 
+# Resolved once, at import: a preexec_fn runs between fork and exec, where a dlopen could
+# deadlock on a lock another thread (a fleet brings hosts up in a pool) held at the fork.
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl
+PR_SET_PDEATHSIG = 1
+
+
 class SandboxError(RuntimeError):
     """The sandbox could not start: the systemd tests fail (they never skip)."""
 
@@ -121,13 +132,17 @@ class Sandbox:
     log: Path
     unshare: subprocess.Popen[bytes]
     units: set[str] = field(default_factory=set)  # whose cgroups to remove at shutdown
+    netns: str | None = None  # the network namespace it was booted in (start(netns=...))
+    cgroup: str | None = None  # its own cgroup (a name under each hierarchy's top), if any
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 60, env: Mapping[str, str] | None = None
     ) -> subprocess.CompletedProcess[str]:
         """argv inside the sandbox's namespaces, as a user on that host would run it."""
+        # In a network namespace it is a host of its own: its network and hostname too.
+        spaces = ["-m", "-p", "-n", "-u"] if self.netns else ["-m", "-p"]
         return subprocess.run(
-            ["nsenter", "-t", str(self.pid), "-m", "-p", "--", *argv],
+            ["nsenter", "-t", str(self.pid), *spaces, "--", *argv],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -179,17 +194,39 @@ class Sandbox:
 
     def _remove_cgroups(self) -> None:
         """The host's cgroup hierarchies are shared and a forced poweroff cleans nothing up:
-        remove the (now empty) groups of our units. rmdir fails on a group with processes."""
+        remove the (now empty) groups of our units, or our own group with all below it."""
+        if self.cgroup:
+            _remove_own_cgroup(self.cgroup)
+            return
         roots = [Path("/sys/fs/cgroup"), *Path("/sys/fs/cgroup").glob("*/")]
-        groups = [g for r in roots for n in self.units if (g := r / "system.slice" / n).is_dir()]
-        for _ in range(20):  # a killed process may leave its group a moment after it is reaped
-            for group in list(groups):
-                with contextlib.suppress(OSError):
-                    group.rmdir()
-                    groups.remove(group)
-            if not groups:
-                return
-            time.sleep(0.05)
+        _remove_groups(
+            [g for r in roots for n in self.units if (g := r / "system.slice" / n).is_dir()]
+        )
+
+
+def _remove_own_cgroup(name: str) -> None:
+    """A sandbox's own group `name` in every hierarchy, deepest groups first."""
+    roots = [Path("/sys/fs/cgroup"), *Path("/sys/fs/cgroup").glob("*/")]
+    _remove_groups(
+        [
+            Path(folder)
+            for r in roots
+            if (r / name).is_dir()
+            for folder, _, _ in os.walk(r / name, topdown=False)
+        ]
+    )
+
+
+def _remove_groups(groups: list[Path]) -> None:
+    """rmdir each group (children before parents); rmdir fails on a group with processes."""
+    for _ in range(20):  # a killed process may leave its group a moment after it is reaped
+        for group in list(groups):
+            with contextlib.suppress(OSError):
+                group.rmdir()
+                groups.remove(group)
+        if not groups:
+            return
+        time.sleep(0.05)
 
 
 def _tail(log: Path, lines: int = 30) -> str:
@@ -234,21 +271,57 @@ def masked_units() -> list[str]:
 
 def _die_with_parent() -> None:
     """In the unshare child: SIGKILL it if the test process dies (it takes the namespace along:
-    --kill-child gives systemd the same fate)."""
-    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    --kill-child gives systemd the same fate). The "parent" is the thread that started it."""
+    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-def start(boot_timeout: float = 30.0) -> Sandbox:
-    """Boot a sandbox and wait until `systemctl is-system-running` says running (or degraded)."""
+def _cgroup_roots() -> list[Path]:
+    """The tops of the hierarchies systemd roots its units in: cgroup2 (pure or hybrid's
+    `unified/`) and v1's named `systemd/`."""
+    top = Path("/sys/fs/cgroup")
+    pure = [top] if (top / "cgroup.controllers").is_file() else []
+    return pure + [r for r in (top / "unified", top / "systemd") if (r / "cgroup.procs").is_file()]
+
+
+def _joiner(procs: Sequence[Path]) -> Callable[[], None]:
+    """A preexec_fn: die with the parent, then move into the cgroups whose `cgroup.procs` are
+    given (0 means the writer). Only syscalls: it runs between fork and exec."""
+    paths = [str(p) for p in procs]
+
+    def join() -> None:
+        _die_with_parent()
+        for path in paths:
+            fd = os.open(path, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    return join
+
+
+def start(boot_timeout: float = 30.0, *, netns: str | None = None) -> Sandbox:
+    """Boot a sandbox and wait until `systemctl is-system-running` says running (or degraded).
+
+    With `netns`, inside that (existing) network namespace and in a cgroup of its own."""
     if not Path(SYSTEMD).exists():
         raise SandboxError(f"{SYSTEMD} is missing: install systemd to run the systemd tests")
+    cgroup = f"orch-sandbox-{netns}" if netns else None
+    procs = []
+    if cgroup:
+        for r in _cgroup_roots():
+            (r / cgroup).mkdir(exist_ok=True)
+            procs.append(r / cgroup / "cgroup.procs")
     SANDBOX_PARENT.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="systemd-", dir=SANDBOX_PARENT))
     (root / "masked").write_text("".join(f"{u}\n" for u in masked_units()))
     log = root / "systemd.log"
-    with log.open("wb") as out:
+    with log.open("wb") as out, _undo_cgroup_on_error(cgroup):
         unshare = subprocess.Popen(
             [
+                # ip execs (no fork): the Popen's pid is still unshare's, systemd its child.
+                # Its fresh /sys has no cgroup mounts: systemd mounts cgroup2 itself.
+                *(["ip", "netns", "exec", netns] if netns else []),
                 "unshare",
                 "--fork",
                 "--pid",
@@ -277,15 +350,19 @@ def start(boot_timeout: float = 30.0) -> Sandbox:
                 "LANG": "C.UTF-8",
             },
             start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=_joiner(procs) if procs else _die_with_parent,
         )
     try:
         pid = _wait_for_child(unshare, 10.0)
     except SandboxError as exc:
         said = _tail(log)
         _remove_folder(root)
+        if cgroup:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                unshare.wait(timeout=10)
+            _remove_own_cgroup(cgroup)
         raise SandboxError(f"{exc}; the start script said:\n{said}") from None
-    sandbox = Sandbox(pid, root, log, unshare)
+    sandbox = Sandbox(pid, root, log, unshare, netns=netns, cgroup=cgroup)
     try:
         _wait_until_running(sandbox, boot_timeout)
     except BaseException:
@@ -293,6 +370,17 @@ def start(boot_timeout: float = 30.0) -> Sandbox:
         remove(sandbox)  # the error carries the log
         raise
     return sandbox
+
+
+@contextlib.contextmanager
+def _undo_cgroup_on_error(cgroup: str | None) -> Iterator[None]:
+    """Remove the sandbox's own (still empty) group if its process could not be started."""
+    try:
+        yield
+    except BaseException:
+        if cgroup:
+            _remove_own_cgroup(cgroup)
+        raise
 
 
 def _wait_for_child(unshare: subprocess.Popen[bytes], timeout: float) -> int:

@@ -33,6 +33,7 @@ class HostResult:
     stdout: str
     stderr: str
     msg: str
+    failed: bool = False  # a task of the play failed there (the orch command's never does)
 
 
 def ansible_tool(name: str) -> str:
@@ -64,45 +65,52 @@ def run_command(
     hosts: Sequence[str],
     argv: Mapping[str, Sequence[str]],
     stdin: Mapping[str, str],
-    on_start: Callable[[str], None],
     on_result: Callable[[HostResult], None],
     work: Path,
     cancel: Callable[[], bool] = lambda: False,
 ) -> None:
     """Run `argv[host]` with `stdin[host]` on each of `hosts` at once (forks: all of them);
-    `on_result` is called as each host answers, from this thread. `work`: the private folder
-    ansible-runner's files go in (removed after; what a killed controller left there is
-    removed by the next roll)."""
+    `on_result` is called as each host answers, from this thread."""
+    task = {
+        "name": "orch fleet host",
+        "ansible.builtin.command": {
+            "argv": "{{ orch_argv[inventory_hostname] }}",
+            "stdin": "{{ orch_stdin[inventory_hostname] }}",
+        },
+        "failed_when": False,
+        "changed_when": True,
+    }
+    extravars = {"orch_argv": dict(argv), "orch_stdin": dict(stdin)}
+    run_play(inventory, hosts, [task], extravars, on_result, work, cancel)
+
+
+def run_play(
+    inventory: Path,
+    hosts: Sequence[str],
+    tasks: Sequence[Mapping[str, Any]],
+    extravars: Mapping[str, Any],
+    on_result: Callable[[HostResult], None],
+    work: Path,
+    cancel: Callable[[], bool] = lambda: False,
+) -> None:
+    """One play of `tasks` on `hosts` at once. `on_result` once per host, as soon as its part
+    is over: its first failure, its unreachability, or the result of the last task. `work`:
+    the private folder ansible-runner's files go in (removed after; what a killed controller
+    left there is removed by the next roll)."""
     import ansible_runner
 
-    play = [
-        {
-            "name": "orch",
-            "hosts": "all",
-            "gather_facts": False,
-            "tasks": [
-                {
-                    "name": "orch fleet host",
-                    "ansible.builtin.command": {
-                        "argv": "{{ orch_argv[inventory_hostname] }}",
-                        "stdin": "{{ orch_stdin[inventory_hostname] }}",
-                    },
-                    "failed_when": False,
-                    "changed_when": True,
-                }
-            ],
-        }
-    ]
-    extravars = {"orch_argv": dict(argv), "orch_stdin": dict(stdin)}
+    last = tasks[-1]["name"]
+    play = [{"name": "orch", "hosts": "all", "gather_facts": False, "tasks": list(tasks)}]
     answered: set[str] = set()
 
     def on_event(event: dict[str, Any]) -> bool:
         kind = event.get("event", "")
         data = event.get("event_data", {})
         host = data.get("host")
-        if kind == "runner_on_start" and host:
-            on_start(host)
-        elif kind in ("runner_on_ok", "runner_on_failed", "runner_on_unreachable") and host:
+        final = kind in ("runner_on_failed", "runner_on_unreachable") or (
+            kind == "runner_on_ok" and data.get("task") == last
+        )
+        if final and host and host not in answered:
             res = data.get("res", {})
             answered.add(host)
             on_result(
@@ -113,11 +121,14 @@ def run_command(
                     stdout=res.get("stdout", ""),
                     stderr=res.get("stderr", ""),
                     msg=str(res.get("msg", "")),
+                    failed=kind == "runner_on_failed",
                 )
             )
         return False  # written nowhere: the artifacts hold nothing we keep
 
     work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    for left in work.glob("ansible-*"):  # a killed controller's
+        shutil.rmtree(left, ignore_errors=True)
     private = tempfile.mkdtemp(prefix="ansible-", dir=work.resolve())
     try:
         runner = ansible_runner.run(
@@ -125,14 +136,14 @@ def run_command(
             playbook=play,
             inventory=str(inventory.resolve()),
             limit=",".join(hosts),
-            extravars=extravars,
+            extravars=dict(extravars),
             forks=max(1, len(hosts)),
             envvars=ansible_env(),
             quiet=True,
             event_handler=on_event,
             cancel_callback=cancel,
         )
-        said = _last_line(runner.stdout.read()) if not answered else ""
+        said = _last_line(runner.stdout.read()) if len(answered) < len(hosts) else ""
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if cancel():  # the hosts still working stay `running` in the record

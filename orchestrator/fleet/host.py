@@ -35,7 +35,16 @@ from orchestrator.fleet.build import build_id
 if TYPE_CHECKING:
     from orchestrator.api import Runbook
 
-TASK_FIELDS = ("id", "status", "attempts", "started_at", "ended_at", "duration_s", "last_error")
+TASK_FIELDS = (
+    "id",
+    "status",
+    "attempts",
+    "started_at",
+    "ended_at",
+    "duration_s",
+    "last_error",
+    "role",  # a compensation or a `finally` task: not the plan's own flow
+)
 
 
 def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:

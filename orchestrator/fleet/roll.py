@@ -58,6 +58,7 @@ class RollOptions:
     approve: Sequence[str] = ()  # the plan's own gates, passed on every host
     new_roll: bool = False  # abandon the open roll and begin again
     wait_s: float = 3600.0  # how long a host waits for an earlier run of its store
+    install: bool = False  # put this orch on a host that refuses (install.py), then run there
 
 
 @dataclass
@@ -196,7 +197,6 @@ class Roller:
                 return self._end(roll, "awaiting_approval", EXIT_WAITING, msg)
             label = "canary" if roll.canary and number == 0 else f"batch {number}"
             self.say(f"{label}: {', '.join(todo)}")
-            record.start_hosts(roll.id, todo)
             self._run_batch(record, roll, todo, inventory)
             if self.stopping.is_set():
                 msg = "interrupted: the hosts' runs in flight go on there; run again to collect"
@@ -238,10 +238,28 @@ class Roller:
         todo: Sequence[str],
         inventory: dict[str, InventoryHost],
     ) -> None:
-        payloads = {h: self._payload(roll, inventory[h]) for h in todo}
-        argv = {h: _host_argv(inventory[h]) for h in todo}
+        self._send(record, roll, todo, inventory)
+        if not self.options.install or self.stopping.is_set():
+            return
+        refused = [r.host for r in record.hosts(roll.id) if r.host in todo and r.state == "refused"]
+        if refused:
+            installed = self._install(record, roll, refused, inventory)
+            if installed and not self.stopping.is_set():
+                self._send(record, roll, installed, inventory)
+
+    def _send(
+        self,
+        record: FleetRecord,
+        roll: Roll,
+        hosts: Sequence[str],
+        inventory: dict[str, InventoryHost],
+    ) -> None:
+        """The plan to `hosts`, recorded running first; each answer recorded as it comes."""
+        payloads = {h: self._payload(roll, inventory[h]) for h in hosts}
+        argv = {h: _host_argv(inventory[h]) for h in hosts}
+        record.start_hosts(roll.id, hosts)
         started = time.monotonic()
-        waiting = set(todo)
+        waiting = set(hosts)
 
         def on_result(result: HostResult) -> None:
             state, detail, board = judge(result, argv[result.host][0])
@@ -253,14 +271,61 @@ class Roller:
         with _heartbeat(self.say, waiting, started, self.stopping):
             run_command(
                 self.options.inventory,
-                todo,
+                hosts,
                 argv,
                 payloads,
-                on_start=lambda host: None,
                 on_result=on_result,
-                work=self.record_path.with_suffix(".d"),
+                work=self.work,
                 cancel=self.stopping.is_set,
             )
+
+    def _install(
+        self,
+        record: FleetRecord,
+        roll: Roll,
+        hosts: Sequence[str],
+        inventory: dict[str, InventoryHost],
+    ) -> list[str]:
+        """This orch on `hosts` (install.py); the hosts where it went in."""
+        from orchestrator.fleet.ansible import run_play
+        from orchestrator.fleet.install import install_tasks, wheelhouse
+
+        self.say(f"  building orch {build_id()} as wheels for {', '.join(hosts)}")
+        tar = wheelhouse(self.work)
+        self.say(f"  installing it ({tar.stat().st_size / 2**20:.0f} MiB of wheels)")
+        setup = {h: _install_vars(inventory[h]) for h in hosts}
+        installed: list[str] = []
+        started = time.monotonic()
+        waiting = set(hosts)
+
+        def on_result(result: HostResult) -> None:
+            waiting.discard(result.host)
+            took = _took(time.monotonic() - started)
+            if result.reached and not result.failed:
+                installed.append(result.host)
+                self.say(f"  {result.host} has orch {build_id()} after {took}")
+                return
+            state = "unreachable" if not result.reached else "error"
+            said = _first_line(result.stderr) or _first_line(result.msg)
+            record.finish_host(roll.id, result.host, state, f"install failed: {said}")
+            self.say(f"  {result.host} install failed after {took}: {said}")
+
+        with _heartbeat(self.say, waiting, started, self.stopping):
+            run_play(
+                self.options.inventory,
+                hosts,
+                install_tasks(tar),
+                {"orch_install": setup},
+                on_result,
+                self.work,
+                self.stopping.is_set,
+            )
+        return installed
+
+    @property
+    def work(self) -> Path:
+        """Ansible's private files and the wheels: beside the record, the user's alone."""
+        return self.record_path.with_suffix(".d")
 
     def _payload(self, roll: Roll, host: InventoryHost) -> str:
         import base64
@@ -327,7 +392,8 @@ def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[s
     answer = _answer(result.stdout)
     if answer is None:
         said = _first_line(result.stderr) or _first_line(result.msg)
-        if result.rc in (2, 127) and ("No such file" in said or "not found" in said):
+        # The command module could not execute it: rc 2 and not a word from the program.
+        if result.rc in (2, 127) and not (result.stdout.strip() or result.stderr.strip()):
             return "refused", f"no orch at {python} (set orch_venv, or install it)", None
         if "No module named" in said:
             return "refused", f"the orch at {python} has no fleet support: {said}", None
@@ -365,8 +431,9 @@ def _answer(stdout: str) -> dict[str, Any] | None:
 
 
 def _headline(board: Sequence[dict[str, Any]]) -> str | None:
-    """Two findings of the latest task that has any: what a person glances at first."""
-    for task in reversed(board):
+    """Two findings of the plan's latest task that has any (not of a compensation): what a
+    person glances at first."""
+    for task in reversed([t for t in board if not t.get("role")]):
         shown = [_finding(f) for f in task.get("findings", [])][:2]
         if shown:
             return f"{task['id']}: " + ", ".join(shown)
@@ -382,9 +449,21 @@ def _first_line(text: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def _venv(host: InventoryHost) -> str:
+    return str(host.vars.get("orch_venv", DEFAULT_VENV)).rstrip("/")
+
+
 def _host_argv(host: InventoryHost) -> list[str]:
-    venv = str(host.vars.get("orch_venv", DEFAULT_VENV)).rstrip("/")
-    return [f"{venv}/bin/python", "-P", "-m", "orchestrator.fleet.host"]
+    return [f"{_venv(host)}/bin/python", "-P", "-m", "orchestrator.fleet.host"]
+
+
+def _install_vars(host: InventoryHost) -> dict[str, str]:
+    home = str(host.vars.get("orch_home", DEFAULT_HOME)).rstrip("/")
+    return {
+        "venv": _venv(host),
+        "python": str(host.vars.get("orch_python", "python3")),
+        "wheels": f"{home}/.wheels-{build_id()}",
+    }
 
 
 def _batch(rows: Sequence[Any], number: int) -> list[str]:

@@ -1,0 +1,424 @@
+"""`orch fleet`: a plan rolled over real hosts with real OpenSSH and real Ansible.
+
+Each host is a network namespace with its own sshd and its own systemd (tests/fleet_hosts.py),
+running a "production" unit; every host runs the controller's orch (this venv), so each has
+the same build. The first tests need no host: the host command and the roll's arithmetic.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from orchestrator.core.errors import UsageError
+from orchestrator.fleet.ansible import HostResult
+from orchestrator.fleet.build import build_id
+from orchestrator.fleet.host import place_plan
+from orchestrator.fleet.roll import batch_size, batches_of, judge
+
+from conftest import run_orch, start_orch, wait_for
+
+VENV = str(Path(sys.executable).parent.parent)
+HOME = "/var/tmp/orch"  # on each host: its private /var/tmp
+
+# A migration in miniature: stop production (undone if a later step fails), install, bench.
+# Each step appends its name to done.log on the host: what ran, and how often.
+PLAN = """\
+name: migrate
+vars: {install_fails: false, slow: 0, tok_s: 100}
+tasks:
+  - id: stop_production
+    kind: systemd.stop
+    params: {unit: production.service}
+    on_failure:
+      id: restore_production
+      kind: systemd.start
+      params: {unit: production.service}
+  - id: install
+    kind: shell
+    needs: [stop_production]
+    params:
+      command: >-
+        echo install >> /var/tmp/done.log; sleep ${vars.slow};
+        test ${vars.install_fails} = false; echo ::finding installed=1
+  - id: bench
+    kind: shell
+    needs: [install]
+    params:
+      command: "echo bench >> /var/tmp/done.log; echo ::finding tok_s=${vars.tok_s} unit=tok/s"
+"""
+PRODUCTION = """\
+[Unit]
+Description=the inference service in production (a stand-in)
+[Service]
+ExecStart=/bin/sleep infinity
+"""
+
+
+# --- the host command and the roll's arithmetic, without SSH ---------------------------------
+
+
+def host_command(payload: dict[str, Any], cwd: Path) -> dict[str, Any]:
+    done = subprocess.run(
+        [sys.executable, "-P", "-m", "orchestrator.fleet.host"],
+        input=base64.b64encode(json.dumps(payload).encode()).decode(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=cwd,
+    )
+    assert done.returncode in (0, 2, 3), done.stderr
+    answer: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return answer
+
+
+def payload(home: Path, text: str, **extra: Any) -> dict[str, Any]:
+    plan = {"name": "mini", "file": "mini.yaml", "text": text, "modules": {}}
+    return {"build": build_id(), "plan": plan, "home": str(home), "vars": [], **extra}
+
+
+MINI = """\
+name: mini
+vars: {n: 1}
+tasks:
+  - {id: a, kind: shell, params: {command: "echo ::finding n=${vars.n} unit=GB; echo loud"}}
+  - {id: b, kind: python, needs: [a], params: {function: "helper:shout"}}
+"""
+
+
+def test_the_host_command_runs_the_plan_in_its_home_and_answers_in_one_json_line(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    ask = payload(home, MINI, vars=["n=7"])
+    ask["plan"]["modules"] = {"helper.py": "def shout(ctx):\n    print('{\"not\": 1}')\n"}
+    answer = host_command(ask, tmp_path)
+    assert answer["result"]["exit_code"] == 0, answer
+    assert [t["status"] for t in answer["board"]] == ["completed", "completed"]
+    assert answer["board"][0]["findings"] == [{"key": "n", "value": 7, "unit": "GB", "note": None}]
+    assert "output_tail" not in answer["board"][0]  # what a task printed stays on the host
+    store = home / "mini" / ".orch" / "mini.db"
+    assert store.is_file() and Path(answer["result"]["store"]) == store.resolve()
+    # Again: the host's own store says it is done; nothing runs.
+    again = host_command(ask, tmp_path)
+    assert again["result"]["exit_code"] == 0 and again["result"]["run"] is None
+
+
+def test_the_host_command_refuses_another_build_and_names_both(tmp_path: Path) -> None:
+    answer = host_command(payload(tmp_path, MINI, build="0.0.1+000000000000"), tmp_path)
+    assert answer["refused"] == f"orch here is {build_id()}, the controller's is 0.0.1+000000000000"
+    assert not (tmp_path / "mini").exists()  # nothing placed, nothing run
+
+
+@pytest.mark.parametrize("name", ["../evil.yaml", "/etc/passwd", "..", "a/b.py", ""])
+def test_the_host_command_places_plain_file_names_only(tmp_path: Path, name: str) -> None:
+    ask = payload(tmp_path / "home", MINI)
+    ask["plan"]["file"] = name
+    answer = host_command(ask, tmp_path)
+    assert answer["exit_code"] == 2 and "not a plain file name" in answer["error"]
+    assert not (tmp_path / "evil.yaml").exists()
+
+
+@given(st.text(min_size=1, max_size=20))
+def test_place_plan_never_writes_outside_its_folder(name: str) -> None:
+    import tempfile
+
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
+        home = Path(tmp) / "home"
+        try:
+            placed = place_plan(home, {"name": "p", "file": name, "text": "x"})
+        except (ValueError, OSError):
+            return
+        assert placed.resolve().parent == (home / "p").resolve()
+
+
+def test_batches_are_the_canary_then_serial_numbers_or_shares() -> None:
+    hosts = [f"h{i}" for i in range(10)]
+    assert batches_of(hosts, 1, "3") == [
+        ["h0"],
+        ["h1", "h2", "h3"],
+        ["h4", "h5", "h6"],
+        ["h7", "h8", "h9"],
+    ]
+    assert batches_of(hosts, 0, "50%") == [hosts[:5], hosts[5:]]
+    assert batches_of(hosts, 2, "25%")[1] == ["h2", "h3", "h4"]  # 25% of 10, rounded up
+    assert batches_of(hosts[:1], 1, "1") == [["h0"]]
+    for bad in ("0", "-1", "x", "0%", "101%"):
+        with pytest.raises(UsageError, match="--serial"):
+            batch_size(bad, 10)
+
+
+def test_a_host_result_is_judged_by_what_it_answered() -> None:
+    python = "/opt/orch/venv/bin/python"
+
+    def said(**kw: Any) -> tuple[str, str | None]:
+        base = {"host": "h", "reached": True, "rc": 0, "stdout": "", "stderr": "", "msg": ""}
+        state, detail, _ = judge(HostResult(**{**base, **kw}), python)
+        return state, detail
+
+    assert said(reached=False, msg="Failed to connect: Connection refused")[0] == "unreachable"
+    assert said(rc=2, msg="Error executing command.") == (
+        "refused",
+        f"no orch at {python} (set orch_venv, or install it)",
+    )
+    ok = {"result": {"exit_code": 0, "outcome": "completed"}, "board": []}
+    assert said(stdout="noise\n" + json.dumps(ok))[0] == "completed"
+    failed = {
+        "result": {"exit_code": 1, "outcome": "failed"},
+        "board": [
+            {"id": "install", "status": "failed", "last_error": "exit code 1", "findings": []}
+        ],
+    }
+    assert said(stdout=json.dumps(failed)) == ("failed", "at install (exit code 1)")
+    assert said(stdout='{"refused": "orch here is A, the controller\'s is B"}')[0] == "refused"
+    assert said(rc=1, stderr="Traceback ...\nKeyError: 'x'")[0] == "error"
+
+
+# --- real hosts -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hosts() -> Iterator[Any]:
+    from fleet_hosts import fleet
+
+    with fleet(3) as f:
+        yield f
+
+
+@pytest.fixture
+def site(hosts: Any, tmp_path: Path) -> Iterator[Any]:
+    """Each test: the three hosts as new (production active, no orch home), a plan folder."""
+    for h in hosts.hosts:
+        h.run(["rm", "-rf", HOME, "/var/tmp/done.log"])
+        h.sandbox.write_unit("production.service", PRODUCTION)
+        h.sandbox.daemon_reload()
+        assert h.systemctl("start", "production.service").returncode == 0
+    (tmp_path / "plan").mkdir()
+    (tmp_path / "plan" / "migrate.yaml").write_text(PLAN)
+    yield hosts
+    for h in hosts.hosts:
+        h.run(["bash", "-c", f"pkill -f orchestrator.fleet.host; rm -rf {HOME}"])
+
+
+def inventory(hosts: Any, tmp_path: Path, **per_host: dict[str, Any]) -> Path:
+    host_vars = {h.name: {"orch_home": HOME, **per_host.get(h.name, {})} for h in hosts.hosts}
+    extra = per_host.get("_extra", {})
+    return hosts.inventory(
+        tmp_path / "hosts.yml", host_vars, {"orch_venv": VENV}, extra_hosts=extra
+    )
+
+
+def done_log(host: Any) -> list[str]:
+    path = host.private("/var/tmp/done.log")
+    return path.read_text().split() if path.exists() else []
+
+
+def production(host: Any) -> str:
+    return str(host.systemctl("is-active", "production.service").stdout.strip())
+
+
+def fleet_json(plan: Path) -> dict[str, Any]:
+    done = run_orch("fleet", "status", plan, "--json")
+    assert done.returncode == 0, done.stderr
+    doc: dict[str, Any] = json.loads(done.stdout)
+    return doc
+
+
+def states(plan: Path) -> dict[str, str]:
+    return {h["host"]: h["state"] for h in fleet_json(plan)["hosts"]}
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_roll_stops_at_the_failed_host_puts_it_back_and_resumes_when_fixed(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    values = {"web1": {"tok_s": 100}, "web2": {"install_fails": True, "tok_s": 101}}
+    inv = inventory(site, tmp_path, **values, web3={"tok_s": 60})
+    roll = ["fleet", "run", plan, "-i", inv, "--canary", "1", "--serial", "1"]
+
+    canary = run_orch(*roll, timeout=180)
+    assert canary.returncode == 4, canary.stdout + canary.stderr  # waits after the canary
+    assert "orch fleet approve" in canary.stdout
+    assert states(plan) == {"web1": "completed", "web2": "pending", "web3": "pending"}
+    assert production(web1) != "active"  # the canary migrated
+    assert run_orch(*roll, timeout=60).returncode == 4  # no approval, no second batch
+
+    approved = run_orch("fleet", "approve", plan, "-m", "canary looks right")
+    assert approved.returncode == 0, approved.stderr
+    stopped = run_orch(*roll, timeout=180)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "web2 failed: at install" in stopped.stdout and "not started: web3" in stopped.stdout
+    assert production(web2) == "active"  # its compensation ran there
+    assert production(web3) == "active" and done_log(web3) == []  # never touched
+    assert not web3.private(HOME).exists()
+    doc = fleet_json(plan)
+    assert doc["roll"]["state"] == "stopped" and doc["roll"]["approved_by"]
+    by_host = {h["host"]: h for h in doc["hosts"]}
+    web2_tasks = {t["id"]: t["status"] for t in by_host["web2"]["tasks"]}
+    assert web2_tasks["install"] == "failed" and web2_tasks["restore_production"] == "completed"
+    # The host's own store, read there with `orch status`, says the same.
+    there = web2.run([f"{VENV}/bin/orch", "status", f"{HOME}/migrate/migrate.yaml", "--json"])
+    assert json.loads(there.stdout)["summary"]["failed"] == 1, there.stderr
+
+    # Fixed: web1 is not contacted again, web2 resumes, web3 runs.
+    fixed = inventory(site, tmp_path, web1={"tok_s": 100}, web2={"tok_s": 101}, web3={"tok_s": 60})
+    resumed = run_orch("fleet", "run", plan, "-i", fixed, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming roll #1" in resumed.stdout
+    assert states(plan) == {"web1": "completed", "web2": "completed", "web3": "completed"}
+    sent = {h["host"]: h["sent"] for h in fleet_json(plan)["hosts"]}
+    assert sent == {"web1": 1, "web2": 2, "web3": 1}
+    assert done_log(web1) == ["install", "bench"]
+    assert done_log(web2) == ["install", "install", "bench"]  # its failed try, then the fix
+    assert done_log(web3) == ["install", "bench"]
+    assert {production(h) for h in site.hosts} == {"inactive"}
+
+    board = run_orch("fleet", "status", plan)
+    assert "roll #1 completed · 3/3 hosts completed" in board.stdout, board.stdout
+    assert "bench: tok_s=60 tok/s" in board.stdout
+    report = run_orch("report", plan, "--fleet", "--json")
+    assert report.returncode == 0, report.stderr
+    page = Path(json.loads(report.stdout)["report"]).read_text()
+    assert "web3: 60 tok/s" in page  # the outlier of the three, named
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_controller_killed_mid_roll_resumes_it_with_nothing_done_twice(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    inv = inventory(site, tmp_path, web2={"slow": 6})
+    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1")
+    try:
+        wait_for(lambda: done_log(web2) == ["install"], timeout=120, what="web2 installing")
+        os.kill(controller.pid, signal.SIGKILL)
+        controller.wait(timeout=10)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+        controller.communicate()
+    record = tmp_path / "plan" / ".orch" / "migrate.fleet.db"
+    with sqlite3.connect(record) as db:  # what the controller had committed when it died
+        recorded = dict(db.execute("SELECT host, state FROM hosts").fetchall())
+    assert recorded == {"web1": "completed", "web2": "running", "web3": "pending"}
+
+    resumed = run_orch(
+        "fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1", timeout=240
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert states(plan) == {"web1": "completed", "web2": "completed", "web3": "completed"}
+    for h in site.hosts:
+        assert done_log(h) == ["install", "bench"], h.name  # each step once, on every host
+    sent = {h["host"]: h["sent"] for h in fleet_json(plan)["hosts"]}
+    assert sent == {"web1": 1, "web2": 2, "web3": 1}
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_an_unreachable_host_is_told_apart_and_stops_or_is_skipped(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    ghost = {"ansible_host": web1.ip, "ansible_port": 2, "orch_home": HOME}  # nothing listens
+    inv = inventory(site, tmp_path, _extra={"ghost": ghost})
+    doc = yaml.safe_load(inv.read_text())
+    listed = doc["all"]["hosts"]
+    doc["all"]["hosts"] = {n: listed[n] for n in ("web1", "ghost", "web2", "web3")}
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))  # ghost in the first batch
+    roll = ["fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "2"]
+    stopped = run_orch(*roll, timeout=180)
+    assert stopped.returncode == 1, stopped.stdout + stopped.stderr
+    assert "roll stopped: ghost unreachable" in stopped.stdout
+    assert states(plan) == {
+        "web1": "completed",
+        "ghost": "unreachable",
+        "web2": "pending",
+        "web3": "pending",
+    }
+    skipped = run_orch(*roll, "--unreachable", "skip", timeout=180)
+    assert skipped.returncode == 1, skipped.stdout + skipped.stderr
+    assert "roll incomplete: unreachable, skipped: ghost" in skipped.stdout
+    after = states(plan)
+    assert after == {**after, "web2": "completed", "web3": "completed", "ghost": "unreachable"}
+    assert fleet_json(plan)["hosts"][0]["sent"] == 1  # web1, done, was left alone
+    board = run_orch("fleet", "status", plan).stdout
+    assert "ghost  unreachable" in board
+    assert "failed" not in {h["state"] for h in fleet_json(plan)["hosts"]}
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_host_with_another_orch_or_none_is_refused_and_named(site: Any, tmp_path: Path) -> None:
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    # web1's orch is this one with one line more: another build.
+    other = site.folder / "other"  # where the hosts see it (their /tmp is their own)
+    for package in ("orchestrator", "tasks"):
+        shutil.copytree(Path(VENV).parent / package, other / package)
+    patched = other / "orchestrator" / "core" / "status.py"
+    patched.write_text(patched.read_text() + "# patched\n")
+    fake = site.folder / "fake-venv" / "bin"
+    fake.mkdir(parents=True)
+    (fake / "python").write_text(f'#!/bin/sh\nPYTHONPATH={other} exec {sys.executable} "$@"\n')
+    (fake / "python").chmod(0o755)
+    inv = inventory(
+        site, tmp_path, web1={"orch_venv": str(fake.parent)}, web2={"orch_venv": "/nowhere"}
+    )
+    done = run_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "3", timeout=180)
+    assert done.returncode == 1, done.stdout + done.stderr
+    doc = {h["host"]: h for h in fleet_json(plan)["hosts"]}
+    assert doc["web1"]["state"] == "refused"
+    assert f"the controller's is {build_id()}" in doc["web1"]["detail"]
+    assert doc["web2"]["state"] == "refused"
+    assert doc["web2"]["detail"] == "no orch at /nowhere/bin/python (set orch_venv, or install it)"
+    assert doc["web3"]["state"] == "completed"
+    assert done_log(web1) == [] and production(web1) == "active"  # refused: nothing ran
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_install_puts_this_orch_on_a_host_without_one_and_runs_there(
+    site: Any, tmp_path: Path
+) -> None:
+    web1 = site.hosts[0]
+    plan = tmp_path / "plan" / "migrate.yaml"
+    venv = "/var/tmp/orch-venv"  # web1's own (private /var/tmp): it has no orch yet
+    inv = inventory(site, tmp_path, web1={"orch_venv": venv})
+    roll = ["fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "3", "--limit", "web1"]
+    refused = run_orch(*roll, timeout=120)
+    assert refused.returncode == 1 and f"no orch at {venv}/bin/python" in refused.stdout
+    installed = run_orch(*roll, "--install", timeout=480)
+    assert installed.returncode == 0, installed.stdout + installed.stderr
+    assert f"web1 has orch {build_id()}" in installed.stdout
+    assert states(plan) == {"web1": "completed"}
+    there = web1.run(
+        [
+            f"{venv}/bin/python",
+            "-P",
+            "-c",
+            "from orchestrator.fleet.build import build_id; print(build_id())",
+        ]
+    )
+    assert there.stdout.strip() == build_id(), there.stderr  # the same build, from its wheel
+    assert not web1.private(f"{HOME}/.wheels-{build_id()}").exists()  # cleaned up
+    web1.run(["rm", "-rf", venv])
