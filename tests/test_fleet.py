@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from orchestrator.core.errors import UsageError
 from orchestrator.fleet.ansible import HostResult
 from orchestrator.fleet.build import build_id
-from orchestrator.fleet.host import place_plan
+from orchestrator.fleet.host import Payload, PlanFiles, place_plan, read_payload
 from orchestrator.fleet.roll import batch_size, batches_of, judge
 
 from conftest import run_orch, start_orch, wait_for
@@ -140,10 +140,33 @@ def test_place_plan_never_writes_outside_its_folder(name: str) -> None:
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         home = Path(tmp) / "home"
         try:
-            placed = place_plan(home, {"name": "p", "file": name, "text": "x"})
+            placed = place_plan(home, PlanFiles(name="p", file=name, text="x"))
         except (ValueError, OSError):
             return
         assert placed.resolve().parent == (home / "p").resolve()
+
+
+@given(
+    st.one_of(
+        st.binary(max_size=200).map(lambda b: base64.b64encode(b).decode()),
+        st.text(max_size=200),
+        st.recursive(
+            st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+            lambda kids: (
+                st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=8), kids, max_size=4)
+            ),
+            max_leaves=12,
+        ).map(lambda doc: base64.b64encode(json.dumps(doc).encode()).decode()),
+    )
+)
+def test_a_hostile_payload_is_refused_with_a_reason_never_a_crash(text: str) -> None:
+    """What arrives on a host's stdin is read or refused (ValueError), nothing else."""
+    from pydantic import ValidationError
+
+    try:
+        Payload.model_validate(read_payload(text))
+    except (ValueError, ValidationError):
+        return
 
 
 def test_batches_are_the_canary_then_serial_numbers_or_shares() -> None:
@@ -422,3 +445,47 @@ def test_install_puts_this_orch_on_a_host_without_one_and_runs_there(
     assert there.stdout.strip() == build_id(), there.stderr  # the same build, from its wheel
     assert not web1.private(f"{HOME}/.wheels-{build_id()}").exists()  # cleaned up
     web1.run(["rm", "-rf", venv])
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_sigterm_stops_the_controller_not_the_hosts_and_the_next_run_collects_them(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    inv = inventory(site, tmp_path, web1={"slow": 4})
+    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1")
+    try:
+        wait_for(lambda: done_log(web1) == ["install"], timeout=120, what="web1 installing")
+        controller.send_signal(signal.SIGTERM)
+        out, err = controller.communicate(timeout=60)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate()
+    assert controller.returncode == 130, out + err
+    assert "interrupted" in out
+    doc = fleet_json(plan)
+    assert doc["roll"]["state"] == "interrupted"
+    assert {h["host"]: h["state"] for h in doc["hosts"]} == {
+        "web1": "running",
+        "web2": "pending",
+        "web3": "pending",
+    }
+    wait_for(lambda: done_log(web1) == ["install", "bench"], timeout=60, what="web1 to finish")
+
+    # web3 leaves the inventory, web4 (web3's address under a new name) joins it.
+    doc = yaml.safe_load(inv.read_text())
+    doc["all"]["hosts"]["web4"] = doc["all"]["hosts"].pop("web3")
+    inv.write_text(yaml.safe_dump(doc, sort_keys=False))
+    resumed = run_orch("fleet", "run", plan, "-i", inv, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "new in the inventory go last: web4" in resumed.stdout
+    assert states(plan) == {
+        "web1": "completed",
+        "web2": "completed",
+        "web3": "removed",
+        "web4": "completed",
+    }
+    assert done_log(web1) == ["install", "bench"]  # collected, not run again

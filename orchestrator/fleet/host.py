@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from pydantic import BaseModel, Field, ValidationError
+
 from orchestrator.core.errors import OrchError, PlanError
 from orchestrator.core.umask import private_files
 from orchestrator.fleet.build import build_id
@@ -62,12 +64,12 @@ def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def place_plan(home: Path, plan: dict[str, Any]) -> Path:
+def place_plan(home: Path, plan: PlanFiles) -> Path:
     """The plan and its modules in their folder; a file whose text is unchanged is left as it
     is (its mtime too)."""
-    folder = home / _plain(plan["name"])
+    folder = home / _plain(plan.name)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = {plan["file"]: plan["text"], **plan.get("modules", {})}
+    files = {plan.file: plan.text, **plan.modules}
     for name, text in files.items():
         target = folder / _plain(name)
         if target.is_file() and target.read_text(encoding="utf-8") == text:
@@ -75,7 +77,7 @@ def place_plan(home: Path, plan: dict[str, Any]) -> Path:
         partial = target.with_name(f".{target.name}.partial")
         partial.write_text(text, encoding="utf-8")
         os.replace(partial, target)
-    return folder / _plain(plan["file"])
+    return folder / _plain(plan.file)
 
 
 def _plain(name: str) -> str:
@@ -97,6 +99,34 @@ def wait_for_holder(runbook: Runbook, wait_s: float, say: TextIO) -> str | None:
     return holder
 
 
+class PlanFiles(BaseModel, extra="forbid"):
+    name: str
+    file: str
+    text: str
+    modules: dict[str, str] = {}
+
+
+class Payload(BaseModel, extra="forbid"):
+    """What the controller sends (see the module's docstring); validated after the build
+    check, so a controller of another build is refused, not misread."""
+
+    build: str
+    plan: PlanFiles
+    home: str
+    vars: list[str] = []
+    approve: list[str] = []
+    wait_s: float = Field(3600.0, ge=0)
+    argv: list[str] = []
+
+
+def read_payload(text: str) -> dict[str, Any]:
+    """The payload's JSON object (base64 on stdin); ValueError for anything else."""
+    doc = json.loads(base64.b64decode(text, validate=True))
+    if not isinstance(doc, dict):
+        raise ValueError("not a JSON object")
+    return doc
+
+
 def main() -> int:
     answer = os.fdopen(os.dup(1), "w", encoding="utf-8")
     os.dup2(2, 1)  # a `python` task's print() must not land inside the answer
@@ -108,34 +138,39 @@ def main() -> int:
         answer.flush()
 
     try:
-        payload = json.loads(base64.b64decode(sys.stdin.read()))
+        doc = read_payload(sys.stdin.read().strip())
     except ValueError as exc:
         emit({"error": f"unreadable payload: {exc}", "exit_code": 2})
         return 2
     here = build_id()
-    if payload.get("build") != here:
+    if doc.get("build") != here:
         emit(
             {
-                "refused": f"orch here is {here}, the controller's is {payload.get('build')}",
+                "refused": f"orch here is {here}, the controller's is {doc.get('build')}",
                 "build": here,
             }
         )
         return 0
+    try:
+        payload = Payload.model_validate(doc)
+    except ValidationError as exc:
+        emit({"error": f"malformed payload: {exc.errors()[0]['msg']}", "exit_code": 2})
+        return 2
     from orchestrator.api import Runbook, RunRequest, stoppable
 
     stoppable()
     try:
-        plan_file = place_plan(Path(payload["home"]), payload["plan"])
+        plan_file = place_plan(Path(payload.home), payload.plan)
         os.chdir(plan_file.parent)
-        runbook = Runbook(plan_file, None, payload.get("vars", ()))
-        holder = wait_for_holder(runbook, float(payload.get("wait_s", 3600)), sys.stderr)
+        runbook = Runbook(plan_file, None, payload.vars)
+        holder = wait_for_holder(runbook, payload.wait_s, sys.stderr)
         if holder:
             emit({"error": f"still in use by {holder}", "exit_code": 3})
             return 3
         summary = runbook.run(
-            RunRequest(approve=tuple(payload.get("approve", ()))),
+            RunRequest(approve=tuple(payload.approve)),
             console="warning",
-            argv=payload.get("argv") or ["orch", "fleet", "run", plan_file.name],
+            argv=payload.argv or ["orch", "fleet", "run", plan_file.name],
         )
         board = board_of(runbook.status().as_json())
     except PlanError as exc:

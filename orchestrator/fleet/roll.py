@@ -150,9 +150,12 @@ class Roller:
                     f"  the roll keeps its batches (canary {open_roll.canary}, serial "
                     f"{open_roll.serial}); --new-roll begins one with yours"
                 )
-            known = {h.host for h in record.hosts(open_roll.id)}
-            for gone in known - set(names):
-                record.finish_host(open_roll.id, gone, "removed", "no longer in the inventory")
+            known = {h.host: h.state for h in record.hosts(open_roll.id)}
+            for host, state in known.items():
+                if host not in names and state != "removed":
+                    record.finish_host(open_roll.id, host, "removed", "no longer in the inventory")
+                elif host in names and state == "removed":
+                    record.finish_host(open_roll.id, host, "pending", "back in the inventory")
             new = [n for n in names if n not in known]
             if new:
                 self.say(f"  {len(new)} host(s) new in the inventory go last: {', '.join(new)}")
