@@ -1043,6 +1043,12 @@ def fleet() -> None:
     Each host runs the plan with its own orch and its own store there, reached through Ansible
     over SSH; the controller records which host is at which step of which roll
     (.orch/<plan>.fleet.db beside the plan). docs/fleet.md.
+
+    \b
+    Example:
+      orch fleet run plans/sglang_migration.yaml -i hosts.yml --serial 25%
+      orch fleet approve plans/sglang_migration.yaml
+      orch fleet status plans/sglang_migration.yaml
     """
 
 

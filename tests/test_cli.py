@@ -226,7 +226,9 @@ def test_every_help_example_works_on_the_shipped_plans(tmp_path: Path) -> None:
     import shutil
 
     shutil.copytree(Path(__file__).resolve().parent.parent / "plans", tmp_path / "plans")
-    examples = help_examples()
+    # `orch fleet` examples need an inventory of reachable hosts: tests/test_fleet.py runs
+    # those commands against its namespace hosts.
+    examples = [e for e in help_examples() if not e.startswith("orch fleet")]
     assert len(examples) >= 10, examples
     order = (
         "orch validate",
