@@ -218,8 +218,12 @@ def test_a_host_result_is_judged_by_what_it_answered() -> None:
 def hosts() -> Iterator[Any]:
     from fleet_hosts import fleet
 
+    scratch = Path.home() / ".ansible" / "tmp"  # Ansible's own, unless told otherwise
+    before = set(scratch.iterdir()) if scratch.is_dir() else set()
     with fleet(3) as f:
         yield f
+    left = (set(scratch.iterdir()) if scratch.is_dir() else set()) - before
+    assert not left, f"Ansible left {sorted(map(str, left))} (killed controllers included)"
 
 
 @pytest.fixture

@@ -138,7 +138,9 @@ def run_play(
             limit=",".join(hosts),
             extravars=dict(extravars),
             forks=max(1, len(hosts)),
-            envvars=ansible_env(),
+            # Ansible's own scratch (~/.ansible/tmp otherwise) goes with the private folder,
+            # also when a killed controller leaves it: the next play removes it.
+            envvars={**ansible_env(), "ANSIBLE_LOCAL_TEMP": f"{private}/local"},
             quiet=True,
             event_handler=on_event,
             cancel_callback=cancel,

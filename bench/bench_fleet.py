@@ -1,0 +1,667 @@
+"""Fleet benchmark: `orch fleet run` of a trivial plan over N hosts, against Ansible alone
+running the same commands over the same hosts, measured in the same run.
+
+    .venv/bin/python bench/bench_fleet.py [--hosts 50] [--serial 10] [--rounds 3] [--json]
+
+Needs root, iproute2 and openssh-server: the hosts are tests/fleet_hosts.py's bare hosts (a
+network namespace and an sshd each, sharing this machine's file system and CPUs), reached by
+Ansible over real SSH exactly as remote machines would be.
+
+What is compared, each round (a new roll, new hosts' homes, so every host really runs it):
+
+- orch: `orch fleet run PLAN -i INVENTORY --canary 0 --serial 10`, PLAN being two `shell`
+  tasks (`echo ::finding n=1`, then `true`). Per batch orch runs one Ansible play through
+  ansible-runner: one `command` task per host starting orch's host command
+  (`<orch_venv>/bin/python -P -m orchestrator.fleet.host`), which runs the plan in the host's
+  own store and answers in JSON; the controller records every host in its SQLite record.
+- Ansible alone: `ansible-playbook` of one play with `serial: 10` and `forks 10`, one
+  `command` task per host running the same commands (`bash -eo pipefail -c 'echo ::finding
+  n=1; true'`, as orch's shell kind runs them), with the environment orch gives Ansible
+  (orchestrator.fleet.ansible.ansible_env(): pipelining on, ...) and the same inventory.
+
+The rounds alternate the order (orch, ansible, ansible, orch, ...) so drift hits both alike;
+an untimed Ansible run first warms SSH, the page cache and the hosts' Python. Every orch run
+must exit 0 with every host `completed` (its two tasks done, the finding reported) in
+`orch fleet status --json`, and every Ansible run must report no failed or unreachable host:
+otherwise the bench stops with an error (a timing of a failed roll means nothing).
+
+The goal: orch adds at most 10% to what Ansible alone takes (median orch / median Ansible
+≤ 1.10); said met or not, the exit status stays 0. The breakdown under it explains the
+difference: the time outside the batches (process start, `ansible-inventory --list`, the
+record), each batch's span (orch's from its record, Ansible's from its `PLAY [` headers), what
+an ansible-playbook process (and ansible-runner around it) costs before any task, the host
+command alone run here against the bare bash command (wall and CPU), and the CPU each run used:
+the controller's processes and the whole machine's (the hosts share its cores).
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import compileall
+import json
+import math
+import os
+import re
+import resource
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import closing, contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from orchestrator.fleet.ansible import ansible_env, ansible_tool
+from orchestrator.fleet.build import build_id
+
+BENCH_DIR = Path(__file__).resolve().parent
+CHECKOUT = BENCH_DIR.parent
+SCRATCH_PARENT = CHECKOUT / ".sandbox"  # git-ignored; nothing goes to /tmp
+PYTHON = sys.executable
+ORCH = str(Path(PYTHON).with_name("orch"))
+VENV = sys.prefix  # every host runs this orch (bare hosts share the file system)
+GOAL = 1.10  # orch adds at most 10%
+PLAN_NAME = "fleetbench"
+SHELL = ("bash", "-eo", "pipefail", "-c")  # how orch's shell kind runs a command string
+COMMANDS = ("echo ::finding n=1", "true")  # the plan's two tasks, in order
+PLAN = f"""\
+name: {PLAN_NAME}
+tasks:
+  - {{id: find, kind: shell, params: {{command: "{COMMANDS[0]}"}}}}
+  - {{id: done, kind: shell, needs: [find], params: {{command: "{COMMANDS[1]}"}}}}
+"""
+RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+class BenchError(RuntimeError):
+    """Something failed: the timing would mean nothing. Said, exit status 1."""
+
+
+@dataclass
+class Row:
+    section: str
+    figure: str
+    value: float
+    unit: str
+    note: str = ""
+
+
+@dataclass
+class Run:
+    """One timed run: its wall time, the CPU seconds of the controller's processes (the
+    command and its children) and of the whole machine (hosts included), its batches' spans."""
+
+    tool: str
+    wall_s: float
+    controller_cpu_s: float
+    machine_cpu_s: float
+    batches_s: list[float] = field(default_factory=list)
+
+    @property
+    def outside_s(self) -> float:
+        """Time outside the batches: start-up, inventory, record, exit."""
+        return self.wall_s - sum(self.batches_s)
+
+
+# --- measuring ---------------------------------------------------------------------------------
+
+
+def machine_busy_s() -> float:
+    """CPU seconds this machine has been busy (all cores, every process), from /proc/stat."""
+    fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(v) for v in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
+def children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+@contextmanager
+def metered() -> Iterator[dict[str, float]]:
+    """Wall, controller CPU (children waited for inside) and machine CPU of the block."""
+    out: dict[str, float] = {}
+    cpu0, busy0, t0 = children_cpu_s(), machine_busy_s(), time.perf_counter()
+    yield out
+    out["wall_s"] = time.perf_counter() - t0
+    out["controller_cpu_s"] = children_cpu_s() - cpu0
+    out["machine_cpu_s"] = machine_busy_s() - busy0
+
+
+def median(values: Sequence[float]) -> float:
+    return statistics.median(values) if values else math.nan
+
+
+def check(argv: Sequence[str], what: str, **kw: Any) -> subprocess.CompletedProcess[str]:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, **kw)
+    if done.returncode != 0:
+        said = (done.stderr.strip() or done.stdout.strip())[-3000:]
+        raise BenchError(f"{what}: `{' '.join(map(str, argv))}` exited {done.returncode}:\n{said}")
+    return done
+
+
+def _count_runs(store: Path) -> int | str:
+    """How many runs a host's store holds ("no store" when there is none)."""
+    if not store.is_file():
+        return "no store"
+    with closing(sqlite3.connect(f"file:{store}?mode=ro", uri=True)) as db:
+        return int(db.execute("SELECT count(*) FROM runs").fetchone()[0])
+
+
+# --- the two tools ------------------------------------------------------------------------------
+
+
+class Bench:
+    def __init__(self, scratch: Path, hosts: int, serial: int, env: dict[str, str]) -> None:
+        self.scratch = scratch
+        self.n = hosts
+        self.serial = serial
+        self.env = env  # orch's (and through it Ansible's, ansible_env()); cwd: scratch
+        self.ansible_env = ansible_env()
+        if "ANSIBLE_CONFIG" not in env:  # orch runs in `scratch`, where no ansible.cfg is
+            self.ansible_env.pop("ANSIBLE_CONFIG", None)
+        self.batches = math.ceil(hosts / serial)
+        self.fleet: Any = None
+        self.names: list[str] = []
+        self.inventory = scratch / "ansible" / "hosts.yml"
+        self.playbook = scratch / "ansible" / "play.yml"
+        self.orch_rounds = 0
+
+    def write_inventory(self, path: Path, homes: Path) -> Path:
+        """The fleet's inventory: each host's own orch_home under `homes`, this venv's orch."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        host_vars = {name: {"orch_home": str(homes / name)} for name in self.names}
+        return Path(self.fleet.inventory(path, host_vars, {"orch_venv": VENV}))
+
+    def write_ansible(self) -> None:
+        self.write_inventory(self.inventory, self.scratch / "ansible" / "homes")
+        play = [
+            {
+                "name": "bench",
+                "hosts": "all",
+                "gather_facts": False,
+                "serial": self.serial,
+                "tasks": [
+                    {
+                        "name": "the plan's commands",
+                        "ansible.builtin.command": {"argv": [*SHELL, "; ".join(COMMANDS)]},
+                        "changed_when": True,
+                    }
+                ],
+            }
+        ]
+        self.playbook.write_text(json.dumps(play, indent=1) + "\n")  # JSON is YAML
+        empty = [{"name": "empty", "hosts": "all", "gather_facts": False, "tasks": []}]
+        (self.scratch / "ansible" / "empty.yml").write_text(json.dumps(empty) + "\n")
+
+    # --- Ansible alone ---------------------------------------------------------------------
+
+    def run_ansible(self) -> Run:
+        argv = [
+            ansible_tool("ansible-playbook"),
+            "-i",
+            str(self.inventory),
+            "-f",
+            str(self.serial),
+            str(self.playbook),
+        ]
+        marks: list[tuple[float, str]] = []  # when each `PLAY [` / `PLAY RECAP` line came
+        lines: list[str] = []
+        with metered() as m:
+            t0 = time.perf_counter()
+            proc = subprocess.Popen(
+                argv,
+                cwd=self.scratch,
+                env=self.ansible_env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                text=True,
+            )
+            assert proc.stdout is not None
+            for line in proc.stdout:  # Ansible's display flushes every line
+                lines.append(line)
+                if line.startswith(("PLAY [", "PLAY RECAP")):
+                    marks.append((time.perf_counter() - t0, line))
+            rc = proc.wait()
+        text = "".join(lines)
+        if rc != 0:
+            raise BenchError(f"ansible-playbook exited {rc}:\n{text[-3000:]}")
+        recap = {
+            m.group(1): [int(g) for g in m.groups()[1:]]
+            for m in map(RECAP.match, text.split("PLAY RECAP")[-1].splitlines())
+            if m
+        }
+        bad = {h: v for h, v in recap.items() if v[0] != 1 or v[2] or v[3]}
+        if sorted(recap) != sorted(self.names) or bad:
+            raise BenchError(
+                f"ansible-playbook: not every host ran the task once without failure "
+                f"(recap of {len(recap)} hosts; not ok: {bad or 'none'}):\n{text[-3000:]}"
+            )
+        plays = [t for t, line in marks if line.startswith("PLAY [")]
+        ends = [t for t, line in marks if line.startswith("PLAY RECAP")]
+        if len(plays) != self.batches or len(ends) != 1:
+            raise BenchError(
+                f"ansible-playbook: {len(plays)} `PLAY [` headers, not one per batch "
+                f"({self.batches}):\n{text[-3000:]}"
+            )
+        edges = [*plays, ends[0]]
+        spans = [b - a for a, b in zip(edges, edges[1:], strict=False)]
+        return Run("ansible", m["wall_s"], m["controller_cpu_s"], m["machine_cpu_s"], spans)
+
+    # --- orch --------------------------------------------------------------------------------
+
+    def run_orch(self) -> Run:
+        self.orch_rounds += 1
+        here = self.scratch / f"orch{self.orch_rounds}"  # a new plan folder: a new record
+        plan = here / "plan" / f"{PLAN_NAME}.yaml"
+        plan.parent.mkdir(parents=True)
+        plan.write_text(PLAN)
+        homes = here / "homes"  # new homes: every host runs the plan, none finds it done
+        inventory = self.write_inventory(here / "hosts.yml", homes)
+        argv = [ORCH, "fleet", "run", str(plan), "-i", str(inventory)]
+        argv += ["--canary", "0", "--serial", str(self.serial)]
+        with metered() as m:
+            done = subprocess.run(
+                argv,
+                cwd=self.scratch,
+                env=self.env,
+                capture_output=True,
+                text=True,
+                stdin=subprocess.DEVNULL,
+                check=False,
+            )
+        if done.returncode != 0:
+            raise BenchError(
+                f"orch fleet run exited {done.returncode}:\n{(done.stdout + done.stderr)[-3000:]}"
+            )
+        self.verify_roll(plan, homes)
+        spans = self.orch_batches(plan.parent / ".orch" / f"{PLAN_NAME}.fleet.db")
+        return Run("orch", m["wall_s"], m["controller_cpu_s"], m["machine_cpu_s"], spans)
+
+    def verify_roll(self, plan: Path, homes: Path) -> None:
+        """`orch fleet status --json`: one completed roll, every host completed, both tasks
+        done there with the finding; and each host's own store, in its own home, holding
+        exactly one run (the plan ran there once, in this roll)."""
+        argv = [ORCH, "fleet", "status", str(plan), "--json"]
+        status = check(argv, "orch fleet status", cwd=self.scratch, env=self.env)
+        doc = json.loads(status.stdout)
+        problems = []
+        if doc["roll"]["state"] != "completed" or doc["roll"]["id"] != 1:
+            problems.append(f"roll #{doc['roll']['id']} is {doc['roll']['state']}")
+        seen = [h["host"] for h in doc["hosts"]]
+        if sorted(seen) != sorted(self.names):
+            problems.append(f"the record holds {len(seen)} hosts, not the {self.n}")
+        for h in doc["hosts"]:
+            tasks = {t["id"]: t for t in h["tasks"]}
+            found = [(f["key"], f["value"]) for f in tasks.get("find", {}).get("findings", [])]
+            if (
+                h["state"] != "completed"
+                or [t["status"] for t in h["tasks"]] != ["completed", "completed"]
+                or found != [("n", 1)]
+            ):
+                problems.append(f"{h['host']}: {h['state']} ({h['detail']})")
+                continue
+            store = homes / h["host"] / PLAN_NAME / ".orch" / f"{PLAN_NAME}.db"
+            runs = _count_runs(store)
+            if runs != 1:
+                problems.append(f"{h['host']}: {runs} runs in its store {store}, not 1")
+        if problems:
+            raise BenchError("orch's roll did not complete on every host:\n" + "\n".join(problems))
+
+    def orch_batches(self, record: Path) -> list[float]:
+        """Each batch's span from the record: its hosts recorded `running` (committed before
+        ansible-runner starts) to the last host's answer recorded."""
+        with closing(sqlite3.connect(f"file:{record}?mode=ro", uri=True)) as db:
+            rows = db.execute(
+                "SELECT h.batch, m.state, m.at FROM moves m JOIN hosts h"
+                " ON h.roll_id = m.roll_id AND h.host = m.host"
+            ).fetchall()
+        starts: dict[int, float] = {}
+        ends: dict[int, float] = {}
+        for batch, state, at in rows:
+            if state == "running":
+                starts[batch] = min(at, starts.get(batch, at))
+            else:
+                ends[batch] = max(at, ends.get(batch, at))
+        if sorted(starts) != list(range(self.batches)) or sorted(ends) != sorted(starts):
+            raise BenchError(f"{record}: batches {sorted(starts)}, not {self.batches}")
+        return [ends[b] - starts[b] for b in sorted(starts)]
+
+    # --- the parts, alone --------------------------------------------------------------------
+
+    def parts(self, reps: int) -> dict[str, dict[str, float]]:
+        """Median wall (and CPU) of what a roll is made of, each alone, round robin."""
+        empty = str(self.scratch / "ansible" / "empty.yml")
+        inv = str(self.inventory)
+        runner = self.scratch / "runner"
+        runner.mkdir()
+        run_empty = (
+            "import sys, ansible_runner\n"
+            "from orchestrator.fleet.ansible import ansible_env\n"
+            "r = ansible_runner.run(private_data_dir=sys.argv[1], playbook=sys.argv[2],"
+            " inventory=sys.argv[3], limit=sys.argv[4], forks=int(sys.argv[5]),"
+            " envvars=ansible_env(), quiet=True)\n"
+            "sys.exit(0 if r.rc == 0 else 1)\n"
+        )
+        batch = ",".join(self.names[: self.serial])
+        homes = self.scratch / "local-homes"
+        count = iter(range(10**6))
+
+        def host_command() -> list[str]:
+            return [PYTHON, "-P", "-m", "orchestrator.fleet.host"]
+
+        def host_stdin() -> str:
+            doc = {
+                "build": build_id(),
+                "plan": {
+                    "name": PLAN_NAME,
+                    "file": f"{PLAN_NAME}.yaml",
+                    "text": PLAN,
+                    "modules": {},
+                },
+                "vars": [],
+                "home": str(homes / f"h{next(count)}"),  # fresh: the plan really runs
+                "approve": [],
+                "wait_s": 60,
+                "argv": ["orch", "fleet", "run", f"{PLAN_NAME}.yaml", "(bench)"],
+            }
+            return base64.b64encode(json.dumps(doc).encode()).decode()
+
+        inventory_cmd = [ansible_tool("ansible-inventory"), "-i", inv, "--list"]
+        playbook_cmd = [ansible_tool("ansible-playbook"), "-i", inv, "-f", str(self.serial)]
+        playbook_cmd += ["-l", batch, empty]
+        runner_cmd = [PYTHON, "-c", run_empty, str(runner), empty, inv, batch, str(self.serial)]
+        cases: list[tuple[str, Callable[[], list[str]], Callable[[], str], dict[str, str]]] = [
+            ("python -P -c pass", lambda: [PYTHON, "-P", "-c", "pass"], str, self.env),
+            ("bash command alone", lambda: [*SHELL, "; ".join(COMMANDS)], str, self.env),
+            ("host command alone", host_command, host_stdin, self.env),
+            ("ansible-inventory --list", lambda: inventory_cmd, str, self.ansible_env),
+            ("ansible-playbook, no task", lambda: playbook_cmd, str, self.ansible_env),
+            ("ansible-runner, no task", lambda: runner_cmd, str, self.env),
+        ]
+        samples: dict[str, dict[str, list[float]]] = {c[0]: {"wall": [], "cpu": []} for c in cases}
+        for _ in range(reps):
+            for label, argv, stdin, env in cases:
+                args, given = argv(), stdin()
+                with metered() as m:
+                    done = subprocess.run(
+                        args,
+                        input=given,
+                        env=env,
+                        cwd=self.scratch,
+                        capture_output=True,
+                        text=True,
+                        check=False,
+                    )
+                unanswered = label == "host command alone" and '"completed"' not in done.stdout
+                if done.returncode != 0 or unanswered:
+                    raise BenchError(
+                        f"{label}: exited {done.returncode}:\n{(done.stdout + done.stderr)[-2000:]}"
+                    )
+                samples[label]["wall"].append(m["wall_s"])
+                samples[label]["cpu"].append(m["controller_cpu_s"])
+        shutil.rmtree(runner, ignore_errors=True)
+        return {
+            label: {"wall_s": median(s["wall"]), "cpu_s": median(s["cpu"])}
+            for label, s in samples.items()
+        }
+
+
+# --- the report -----------------------------------------------------------------------------------
+
+
+def figures(
+    runs: list[tuple[Run, Run]], parts: dict[str, dict[str, float]], bench: Bench
+) -> tuple[list[Row], dict[str, Any]]:
+    orch = [o for o, _ in runs]
+    ans = [a for _, a in runs]
+    o_wall, a_wall = median([r.wall_s for r in orch]), median([r.wall_s for r in ans])
+    ratio = o_wall / a_wall
+    o_batch = median([s for r in orch for s in r.batches_s])
+    a_batch = median([s for r in ans for s in r.batches_s])
+    o_out, a_out = median([r.outside_s for r in orch]), median([r.outside_s for r in ans])
+    n, k, cores = bench.n, bench.batches, os.cpu_count() or 1
+    host, bash = parts["host command alone"], parts["bash command alone"]
+    runner, playbook = parts["ansible-runner, no task"], parts["ansible-playbook, no task"]
+    extra_cpu = host["cpu_s"] - bash["cpu_s"]
+    rows = [
+        Row("whole roll", "orch fleet run, median", o_wall, "s"),
+        Row("whole roll", "ansible-playbook, median", a_wall, "s"),
+        Row(
+            "whole roll",
+            "  difference",
+            o_wall - a_wall,
+            "s",
+            f"{(o_wall - a_wall) / n:.3f} s/host",
+        ),
+        Row(
+            "whole roll",
+            "  ratio orch/ansible",
+            ratio,
+            "x",
+            f"goal ≤{GOAL:.2f}: {'met' if ratio <= GOAL else 'NOT met'}",
+        ),
+        Row("outside the batches", "orch: start, ansible-inventory, record, exit", o_out, "s"),
+        Row("outside the batches", "ansible: start, inventory, play, exit", a_out, "s"),
+        Row(
+            "outside the batches",
+            "  ansible-inventory --list, alone",
+            parts["ansible-inventory --list"]["wall_s"],
+            "s",
+            "orch runs it once a roll",
+        ),
+        Row(
+            "per batch",
+            f"orch, median of {k} x {len(orch)}",
+            o_batch,
+            "s",
+            "record: `running` committed → last answer recorded",
+        ),
+        Row(
+            "per batch",
+            f"ansible, median of {k} x {len(ans)}",
+            a_batch,
+            "s",
+            "`PLAY [` header → the next (or the recap)",
+        ),
+        Row(
+            "per batch",
+            "  difference",
+            o_batch - a_batch,
+            "s",
+            f"x {k} batches = {(o_batch - a_batch) * k:.2f} s",
+        ),
+        Row(
+            "per batch",
+            f"  ansible-playbook, a play with no task ({bench.serial} hosts)",
+            playbook["wall_s"],
+            "s",
+            "Ansible alone pays it once, orch once a batch",
+        ),
+        Row(
+            "per batch",
+            "  ansible-runner around that play (python, runner, playbook)",
+            runner["wall_s"],
+            "s",
+            f"+{runner['wall_s'] - playbook['wall_s']:.2f} s over the bare play",
+        ),
+        Row("per host", "python -P -c pass, here", parts["python -P -c pass"]["wall_s"], "s"),
+        Row(
+            "per host",
+            "bash command alone, here",
+            bash["wall_s"],
+            "s",
+            f"cpu {bash['cpu_s']:.3f} s",
+        ),
+        Row(
+            "per host",
+            "orch host command alone, here (plan run, fresh home)",
+            host["wall_s"],
+            "s",
+            f"cpu {host['cpu_s']:.3f} s",
+        ),
+        Row(
+            "per host",
+            f"  its extra CPU x {bench.serial} hosts / {cores} cores",
+            extra_cpu * bench.serial / cores,
+            "s",
+            "a floor on what it adds to a batch here",
+        ),
+        Row(
+            "cpu",
+            "orch: controller's processes, median",
+            median([r.controller_cpu_s for r in orch]),
+            "cpu-s",
+            "orch, ansible-inventory, ansible-playbook x batches",
+        ),
+        Row(
+            "cpu",
+            "ansible: controller's processes, median",
+            median([r.controller_cpu_s for r in ans]),
+            "cpu-s",
+        ),
+        Row(
+            "cpu",
+            "orch: whole machine (hosts' sshd, python, commands too)",
+            median([r.machine_cpu_s for r in orch]),
+            "cpu-s",
+        ),
+        Row("cpu", "ansible: whole machine", median([r.machine_cpu_s for r in ans]), "cpu-s"),
+    ]
+    doc = {
+        "hosts": n,
+        "serial": bench.serial,
+        "batches": k,
+        "cpus": cores,
+        "rounds": [
+            {
+                "orch": asdict(o) | {"outside_s": o.outside_s},
+                "ansible": asdict(a) | {"outside_s": a.outside_s},
+            }
+            for o, a in runs
+        ],
+        "orch_median_s": o_wall,
+        "ansible_median_s": a_wall,
+        "ratio": ratio,
+        "goal": GOAL,
+        "met": ratio <= GOAL,
+        "parts": parts,
+        "rows": [asdict(r) for r in rows],
+    }
+    return rows, doc
+
+
+def render(rows: list[Row], runs: list[tuple[Run, Run]], orders: list[str], head: str) -> str:
+    out = [head, "", "[rounds]"]
+    out.append(f"{'round':<6} {'order':<14} {'orch s':>8} {'ansible s':>10} {'ratio':>6}")
+    for i, ((o, a), order) in enumerate(zip(runs, orders, strict=True), 1):
+        out.append(
+            f"{i:<6} {order:<14} {o.wall_s:>8.2f} {a.wall_s:>10.2f} {o.wall_s / a.wall_s:>6.2f}"
+        )
+    section = ""
+    for r in rows:
+        if r.section != section:
+            section = r.section
+            out += ["", f"[{section}]"]
+        value = f"{r.value:.2f}" if r.unit in ("x", "s", "cpu-s") else f"{r.value:.3f}"
+        out.append(f"{r.figure:<62} {value:>8} {r.unit:<5}  {r.note}".rstrip())
+    return "\n".join(out)
+
+
+# --- main ---------------------------------------------------------------------------------------
+
+
+def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -> dict[str, Any]:
+    sys.path.insert(0, str(CHECKOUT / "tests"))
+    from fleet_hosts import fleet
+
+    for package in ("orchestrator", "tasks"):  # bytecode, as pip writes an installed package's
+        compileall.compile_dir(str(CHECKOUT / package), quiet=1)
+    env = {**os.environ, "NO_COLOR": "1"}
+    load = os.getloadavg()
+    head = (
+        f"orch fleet bench: {args.hosts} bare hosts (netns + sshd) on this machine,"
+        f" --serial {args.serial} --canary 0, {args.rounds} rounds; python"
+        f" {sys.version.split()[0]}, {os.cpu_count()} CPUs, load before"
+        f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; build {build_id()}"
+    )
+    say(head)
+    t0 = time.perf_counter()
+    with fleet(args.hosts, systemd=False, prefix="web") as f:
+        say(f"fleet up in {time.perf_counter() - t0:.1f}s")
+        b = Bench(scratch, args.hosts, args.serial, env)
+        b.fleet, b.names = f, [h.name for h in f.hosts]
+        b.write_ansible()
+        warm = b.run_ansible()  # untimed: SSH, the page cache, the hosts' Python
+        say(f"warm-up ansible run: {warm.wall_s:.2f}s")
+        runs: list[tuple[Run, Run]] = []
+        orders = []
+        for i in range(args.rounds):
+            first_orch = i % 2 == 0
+            got: dict[str, Run] = {}
+            for tool in ("orch", "ansible") if first_orch else ("ansible", "orch"):
+                got[tool] = b.run_orch() if tool == "orch" else b.run_ansible()
+                say(f"round {i + 1}: {tool} {got[tool].wall_s:.2f}s")
+            runs.append((got["orch"], got["ansible"]))
+            orders.append("orch, ansible" if first_orch else "ansible, orch")
+        say("the parts alone ...")
+        parts = b.parts(args.reps)
+    rows, doc = figures(runs, parts, b)
+    doc["load_before"] = load
+    doc["load_after"] = os.getloadavg()
+    doc["build"] = build_id()
+    doc["build_changed"] = build_id.__wrapped__() != build_id()
+    text = render(rows, runs, orders, head)
+    if doc["build_changed"]:  # someone edited the checkout: the rounds may differ in code
+        text += f"\nnote: orch's source changed during the bench (now {build_id.__wrapped__()})"
+    doc["text"] = text
+    return doc
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--hosts", type=int, default=50, help="bare hosts (default 50)")
+    parser.add_argument("--serial", type=int, default=10, help="hosts a batch, = forks (10)")
+    parser.add_argument("--rounds", type=int, default=3, help="timed rounds of both (3)")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each part (3)")
+    parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    args = parser.parse_args()
+    if args.hosts < 1 or args.serial < 1 or args.rounds < 1 or args.reps < 1:
+        parser.error("--hosts, --serial, --rounds and --reps must be at least 1")
+    if os.geteuid() != 0:
+        print("bench_fleet: error: needs root (network namespaces, sshd)", file=sys.stderr)
+        return 2
+
+    def say(text: str) -> None:
+        print(text, file=sys.stderr, flush=True)
+
+    SCRATCH_PARENT.mkdir(exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix="bench-fleet-", dir=SCRATCH_PARENT))
+    (scratch / "tmp").mkdir()
+    os.environ["TMPDIR"] = str(scratch / "tmp")  # ours, orch's and Ansible's temporary files
+    tempfile.tempdir = None
+    try:
+        doc = bench(args, scratch, say)
+    except Exception as exc:  # BenchError, FleetError, a missing tool: said, exit 1
+        print(f"bench_fleet: error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if args.json:
+        print(json.dumps({k: v for k, v in doc.items() if k != "text"}, indent=2))
+    else:
+        print(doc["text"])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
