@@ -559,6 +559,9 @@ def test_reset_that_cannot_ask_says_to_pass_yes_and_ctrl_c_is_an_interrupt(
             assert chunk, asked
             asked += chunk
         proc.send_signal(signal.SIGINT)
+        # stdin stays open until it has ended: closing it now (communicate() would) races
+        # the interrupt with an end of input, two different answers to the same prompt.
+        proc.wait(timeout=30)
         _, err = proc.communicate(timeout=30)
     finally:
         if proc.poll() is None:

@@ -258,6 +258,22 @@ def production(host: Any) -> str:
     return str(host.systemctl("is-active", "production.service").stdout.strip())
 
 
+def signalled_mid_install(
+    plan: Path, inv: Path, host: Any, sig: signal.Signals
+) -> tuple[int, str, str]:
+    """`orch fleet run` (one host a batch) sent `sig` while `host` installs; how it ended."""
+    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1")
+    try:
+        wait_for(lambda: done_log(host) == ["install"], timeout=120, what=f"{host.name} installs")
+        controller.send_signal(sig)
+        out, err = controller.communicate(timeout=60)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate()
+    return controller.returncode, out, err
+
+
 def fleet_json(plan: Path) -> dict[str, Any]:
     done = run_orch("fleet", "status", plan, "--json")
     assert done.returncode == 0, done.stderr
@@ -334,15 +350,7 @@ def test_a_controller_killed_mid_roll_resumes_it_with_nothing_done_twice(
     web1, web2, web3 = site.hosts
     plan = tmp_path / "plan" / "migrate.yaml"
     inv = inventory(site, tmp_path, web2={"slow": 6})
-    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1")
-    try:
-        wait_for(lambda: done_log(web2) == ["install"], timeout=120, what="web2 installing")
-        os.kill(controller.pid, signal.SIGKILL)
-        controller.wait(timeout=10)
-    finally:
-        if controller.poll() is None:
-            controller.kill()
-        controller.communicate()
+    signalled_mid_install(plan, inv, web2, signal.SIGKILL)
     record = tmp_path / "plan" / ".orch" / "migrate.fleet.db"
     with sqlite3.connect(record) as db:  # what the controller had committed when it died
         recorded = dict(db.execute("SELECT host, state FROM hosts").fetchall())
@@ -459,16 +467,8 @@ def test_sigterm_stops_the_controller_not_the_hosts_and_the_next_run_collects_th
     web1, web2, web3 = site.hosts
     plan = tmp_path / "plan" / "migrate.yaml"
     inv = inventory(site, tmp_path, web1={"slow": 4})
-    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "1")
-    try:
-        wait_for(lambda: done_log(web1) == ["install"], timeout=120, what="web1 installing")
-        controller.send_signal(signal.SIGTERM)
-        out, err = controller.communicate(timeout=60)
-    finally:
-        if controller.poll() is None:
-            controller.kill()
-            controller.communicate()
-    assert controller.returncode == 130, out + err
+    code, out, err = signalled_mid_install(plan, inv, web1, signal.SIGTERM)
+    assert code == 130, out + err
     assert "interrupted" in out
     doc = fleet_json(plan)
     assert doc["roll"]["state"] == "interrupted"

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from pydantic import BaseModel, Field, ValidationError
 
-from orchestrator.core.errors import OrchError, PlanError
+from orchestrator.core.errors import OrchError
 from orchestrator.core.umask import private_files
 from orchestrator.fleet.build import build_id
 
@@ -173,10 +173,7 @@ def main() -> int:
             argv=payload.argv or ["orch", "fleet", "run", plan_file.name],
         )
         board = board_of(runbook.status().as_json())
-    except PlanError as exc:
-        emit({"error": "\n".join(str(i) for i in exc.issues), "exit_code": exc.exit_code})
-        return exc.exit_code
-    except OrchError as exc:
+    except OrchError as exc:  # a PlanError's text: its problems, one a line
         emit({"error": str(exc), "exit_code": exc.exit_code})
         return exc.exit_code
     except (OSError, ValueError) as exc:

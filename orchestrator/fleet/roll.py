@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +37,7 @@ from orchestrator.core.errors import (
     EXIT_WAITING,
     UsageError,
 )
+from orchestrator.core.periodic import every
 from orchestrator.fleet.ansible import HostResult, run_command
 from orchestrator.fleet.build import build_id
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
@@ -271,7 +272,7 @@ class Roller:
             took = _took(time.monotonic() - started)
             self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
 
-        with _heartbeat(self.say, waiting, started, self.stopping):
+        with _heartbeat(self.say, waiting, self.stopping):
             run_command(
                 self.options.inventory,
                 hosts,
@@ -313,7 +314,7 @@ class Roller:
             record.finish_host(roll.id, result.host, state, f"install failed: {said}")
             self.say(f"  {result.host} install failed after {took}: {said}")
 
-        with _heartbeat(self.say, waiting, started, self.stopping):
+        with _heartbeat(self.say, waiting, self.stopping):
             run_play(
                 self.options.inventory,
                 hosts,
@@ -477,26 +478,15 @@ def _took(seconds: float) -> str:
     return f"{seconds:.1f}s" if seconds < 60 else f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
 
 
-@contextmanager
 def _heartbeat(
-    say: Callable[[str], None], waiting: set[str], started: float, stop: threading.Event
-) -> Iterator[None]:
+    say: Callable[[str], None], waiting: set[str], stop: threading.Event
+) -> AbstractContextManager[None]:
     """A line every 30 s naming the hosts still at work: a batch can take an hour."""
-    done = threading.Event()
 
-    def beat() -> None:
-        while not done.wait(30):
-            if waiting and not stop.is_set():
-                names = sorted(waiting)
-                shown = ", ".join(names[:8]) + (
-                    f" and {len(names) - 8} more" if len(names) > 8 else ""
-                )
-                say(f"  still running after {_took(time.monotonic() - started)}: {shown}")
+    def beat(elapsed: float) -> None:
+        if waiting and not stop.is_set():
+            names = sorted(waiting)
+            more = f" and {len(names) - 8} more" if len(names) > 8 else ""
+            say(f"  still running after {_took(elapsed)}: {', '.join(names[:8])}{more}")
 
-    thread = threading.Thread(target=beat, name="fleet-heartbeat", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    return every(30, beat, "fleet-heartbeat")

@@ -25,11 +25,12 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any
 
 from orchestrator.core.errors import TaskError, TaskTimeout
+from orchestrator.core.periodic import every
 from orchestrator.kinds.registry import POOL_GROUP, resolve
 from orchestrator.kinds.task import PoolUnavailable
 from orchestrator.plan.model import PlannedTask
@@ -75,24 +76,13 @@ def release_all(store: Store, log: Any, why: str) -> None:
 HEARTBEAT_S = 5.0  # a silent wait longer than this looks like a hang at 2 a.m.
 
 
-@contextmanager
-def _heartbeat(log: Any, name: str) -> Iterator[None]:
+def _heartbeat(log: Any, name: str) -> AbstractContextManager[None]:
     """Log that the ending of `name` goes on, every HEARTBEAT_S seconds, until it returns."""
-    done, started = threading.Event(), time.monotonic()
 
-    def beat() -> None:
-        while not done.wait(HEARTBEAT_S):
-            log.info(
-                "resource.still_ending", resource=name, waited=f"{time.monotonic() - started:.0f}s"
-            )
+    def beat(waited: float) -> None:
+        log.info("resource.still_ending", resource=name, waited=f"{waited:.0f}s")
 
-    thread = threading.Thread(target=beat, name=f"orch-heartbeat-{name}", daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        done.set()
-        thread.join()
+    return every(HEARTBEAT_S, beat, f"orch-heartbeat-{name}")
 
 
 class Leases:
