@@ -80,9 +80,17 @@ print(code, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)"""
 
 
 def test_plans_with_merge_aliases_still_load() -> None:
-    """The repo's plans use `<<: *server` merges; the limits are far above them."""
-    for plan in sorted((ROOT / "plans").glob("*.yaml")):
-        assert load_plan(plan).tasks
+    """The repo's plans use `<<: *server` merges; the limits are far above them, and a merge
+    gives the task the anchor's keys under its own (overridden where it says)."""
+    plans = {p.stem: load_plan(p) for p in sorted((ROOT / "plans").glob("*.yaml"))}
+    assert {"rehearsal", "rehearsal_sglang", "sglang_migration", "demo"} <= set(plans)
+    tasks = plans["rehearsal"].by_id
+    anchor, merged = tasks["launch_base"].spec.params, tasks["launch_noisy"].spec.params
+    assert merged["model"] == anchor["model"] and merged["port"] == anchor["port"]
+    assert "speculative" in merged and "speculative" not in anchor
+    bench = tasks["bench_noisy"].spec.params
+    assert bench["server"] == "launch_noisy" != tasks["bench_base"].spec.params["server"]
+    assert bench["input_tokens"] == tasks["bench_base"].spec.params["input_tokens"]
 
 
 def nested(levels: int) -> str:

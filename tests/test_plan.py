@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -1019,9 +1020,11 @@ def test_the_doc_has_whole_plans() -> None:
 
 @pytest.mark.parametrize("text", _doc_plans())
 def test_every_whole_plan_in_the_plan_format_doc_validates(tmp_path: Path, text: str) -> None:
-    """What the doc shows a newcomer loads as written: the docs cannot drift from the loader."""
+    """What the doc shows a newcomer loads as written: the docs cannot drift from the loader.
+    Every task the block writes is in the loaded plan, with the kind it names."""
     plan = load_plan(write(tmp_path, text))
-    assert plan.tasks
+    written = {t["id"]: t["kind"] for t in yaml.safe_load(text)["tasks"]}
+    assert written and {i: plan.by_id[i].spec.kind for i in written} == written
 
 
 # --- all at once ---------------------------------------------------------------------------------

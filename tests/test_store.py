@@ -1,0 +1,204 @@
+"""The SQLite store (store/db.py) through its API on real files: schema versions, the
+allowed transitions, attempts, findings, plan sync, runs and resources."""
+
+import json
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from orchestrator.core.errors import StoreError
+from orchestrator.core.findings import Finding
+from orchestrator.core.status import ALLOWED, Status
+from orchestrator.store.db import Store
+from orchestrator.store.liveness import current_identity
+from orchestrator.store.schema import SCHEMA_VERSION
+
+from conftest import PlanDir, run_orch
+from store_rows import todo_spec
+
+# --- store/db.py ----------------------------------------------------------------------------
+
+
+def test_store_of_a_newer_schema_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(StoreError, match=rf"written by a newer orch \(schema {SCHEMA_VERSION + 1}"):
+        Store.open(path)
+    store = Store.open(path.with_name("same.db"))  # the current version itself is fine
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    store.close()
+    Store.open(path.with_name("same.db")).close()
+
+
+def test_cli_on_a_newer_schema_store_exits_2_without_traceback(pdir: PlanDir) -> None:
+    plan = pdir.write("""
+        name: t
+        tasks: [{id: a, kind: shell, params: {command: "true"}}]
+    """)
+    assert run_orch("run", plan).returncode == 0
+    with pdir.db() as conn:
+        conn.execute(f"PRAGMA user_version={SCHEMA_VERSION + 1}")
+        conn.commit()
+    for cmd in ("status", "run"):
+        r = run_orch(cmd, plan)
+        assert r.returncode == 2, (cmd, r.stderr)
+        assert "written by a newer orch" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_missing_store_is_not_created_when_reading(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no store at"):
+        Store.open(tmp_path / "none.db", create=False)
+    assert not (tmp_path / "none.db").exists()
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Store]:
+    s = Store.open(tmp_path / "s.db")
+    s.sync_plan([todo_spec("a")], None)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_only_allowed_transitions_are_accepted(store: Store) -> None:
+    """Every pair of statuses: the store takes exactly those in ALLOWED, and a refused one
+    changes nothing (no row, no log entry)."""
+    for current in Status:
+        for to in Status:
+            store.conn.execute("UPDATE todos SET status=? WHERE id='a'", (str(current),))
+            logged = len(store.transitions("a"))
+            if to in ALLOWED[current]:
+                store.transition("a", to, None, None)
+                assert store.todo("a")["status"] == to
+            else:
+                with pytest.raises(StoreError, match=f"{current} -> {to} is not a valid"):
+                    store.transition("a", to, None, None, [Finding("k", 1)])
+                assert store.todo("a")["status"] == current
+                assert len(store.transitions("a")) == logged
+                assert store.findings() == {}
+    with pytest.raises(StoreError, match="unknown task 'zz'"):
+        store.transition("zz", Status.IN_PROGRESS, None, None)
+
+
+def test_attempts_count_starts_only(store: Store) -> None:
+    assert store.transition("a", Status.IN_PROGRESS, None, 1) == 1
+    assert store.transition("a", Status.FAILED, "x", 1) == 1
+    assert store.transition("a", Status.IN_PROGRESS, None, 2) == 2
+    assert store.todo("a")["attempts"] == 2 and store.todo("a")["run_id"] == 2
+    store.transition("a", Status.COMPLETED, None, None)
+    assert store.todo("a")["run_id"] == 2, "no run given: the row keeps its run"
+    assert [(t["from_status"], t["to_status"], t["attempt"]) for t in store.transitions("a")] == [
+        (None, "pending", 0),
+        ("pending", "in_progress", 1),
+        ("in_progress", "failed", 1),
+        ("failed", "in_progress", 2),
+        ("in_progress", "completed", 2),
+    ]
+    assert [t["to_status"] for t in store.transitions("a", limit=2)] == ["in_progress", "completed"]
+
+
+def test_findings_kept_on_completion_and_only_the_latest_attempt_shown(store: Store) -> None:
+    store.transition("a", Status.IN_PROGRESS, None, 1)
+    store.transition(
+        "a",
+        Status.COMPLETED,
+        None,
+        1,
+        [Finding("v", 1), Finding("v", 2, "ms", "n"), Finding("ok", True)],
+    )
+    assert store.findings() == {
+        "a": [Finding("v", 1), Finding("v", 2, "ms", "n"), Finding("ok", True)]
+    }
+    assert store.finding("a", "v") == Finding("v", 2, "ms", "n")
+    assert store.finding("a", "ok") == Finding("ok", True)
+    assert store.finding("a", "nope") is None
+    store.transition("a", Status.IN_PROGRESS, None, 2)  # a new attempt: old findings hidden
+    assert store.findings() == {} and store.finding("a", "v") is None
+
+
+def test_sync_plan_keeps_status_and_marks_removed_tasks(store: Store) -> None:
+    store.transition("a", Status.IN_PROGRESS, None, 1)
+    store.transition("a", Status.COMPLETED, None, 1)
+    store.sync_plan([todo_spec("a", 0, "renamed"), todo_spec("b", 1)], 2)
+    assert [(r["id"], r["status"], r["title"]) for r in store.todos()] == [
+        ("a", "completed", "renamed"),
+        ("b", "pending", "b"),
+    ]
+    before = store.conn.total_changes
+    store.sync_plan([todo_spec("a", 0, "renamed"), todo_spec("b", 1)], 3)
+    assert store.conn.total_changes == before, "an unchanged plan writes nothing"
+    store.sync_plan([todo_spec("b", 0)], 4)
+    assert [r["id"] for r in store.todos()] == ["b"]
+    assert store.todo("a")["in_plan"] == 0 and store.todo("a")["status"] == "completed"
+    store.sync_plan([todo_spec("a", 0, "renamed"), todo_spec("b", 1)], 5)
+    assert [r["id"] for r in store.todos()] == ["a", "b"]
+
+
+def test_all_done_and_plan_binding(store: Store) -> None:
+    assert store.all_done() is False
+    store.transition("a", Status.SKIPPED, "when false", None)
+    assert store.all_done() is True
+    run_id = store.begin_run(current_identity(), "p", "orch run", Path("."))
+    assert store.all_done() is False, "an open run is not done"
+    store.end_run(run_id, "completed")
+    assert store.all_done() is True
+    empty = Store.open(store.path.with_name("e.db"))
+    assert empty.all_done() is False, "a plan with no task recorded is not done"
+    empty.close()
+    store.bind_plan("p1")
+    store.bind_plan("p1")
+    assert store.plan_name() == "p1"
+    with pytest.raises(StoreError, match="holds plan 'p1', not 'p2'"):
+        store.bind_plan("p2")
+
+
+def test_close_run_touches_only_its_own_tasks(tmp_path: Path) -> None:
+    store = Store.open(tmp_path / "s.db")
+    store.sync_plan([todo_spec("a"), todo_spec("b", 1)], None)
+    me = current_identity()
+    r1 = store.begin_run(me, "p", "x", tmp_path)
+    r2 = store.begin_run(me, "p", "x", tmp_path)
+    assert store.next_run_id() == 3
+    store.transition("a", Status.IN_PROGRESS, None, r1)
+    store.transition("b", Status.IN_PROGRESS, None, r2)
+    store.set_process("a", 4242, 12.5)
+    assert store.close_run(r1, "interrupted", "stopped by Ctrl-C") == ["a"]
+    assert store.todo("b")["status"] == "in_progress"
+    a = store.todo("a")
+    assert (a["status"], a["reason"], a["pgid"], a["pgid_started_at"]) == (
+        "interrupted",
+        "stopped by Ctrl-C",
+        4242,
+        12.5,
+    )
+    assert a["ended_at"] is not None
+    assert store.close_run(r1, "crashed", "again") == []
+    assert [(r["id"], r["outcome"]) for r in store.runs()] == [(r2, None), (r1, "interrupted")]
+    assert [r["id"] for r in store.runs(limit=1)] == [r2]
+
+
+def test_stray_whose_run_row_is_missing_is_interrupted(store: Store) -> None:
+    store.transition("a", Status.IN_PROGRESS, None, 77)  # run 77 was never recorded
+    assert store.interrupt_strays() == ["a"]
+    assert store.todo("a")["status"] == "interrupted"
+    assert store.interrupt_strays() == []
+
+
+def test_resources_hold_replace_release(store: Store) -> None:
+    store.hold("srv", "a", "server.launch", 1, {"pid": 1})
+    store.hold("srv", "a", "server.launch", 1, {"pid": 2})
+    store.hold("other", "a", "server.launch", 1, {})
+    assert [r["name"] for r in store.held()] == ["srv", "other"]
+
+    assert json.loads(store.held("srv")[0]["data"]) == {"pid": 2}
+    store.release("srv", "a", "by task a")
+    assert store.held("srv") == [] and [r["name"] for r in store.held()] == ["other"]
+    row = {r["name"]: r for r in store.resources()}["srv"]
+    assert (row["released_by"], row["how"]) == ("a", "by task a")
+    assert row["released_at"] is not None
