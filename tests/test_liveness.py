@@ -1,8 +1,12 @@
 """Whether a run's orchestrator is dead (store/liveness.py): the verdicts word for word on
 real run rows, and which runs `orch status` (no lock) or the lock holder closes."""
 
+from __future__ import annotations
+
 import os
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +16,7 @@ from orchestrator.proc.procfs import boot_id, process_start_time
 from orchestrator.store.db import RunIdentity, Store
 from orchestrator.store.liveness import close_dead_runs, current_identity, death_of
 
-from conftest import PlanDir, run_orch
+from conftest import PlanDir, run_orch, wait_for
 from store_rows import dead_pid, store_with_task, todo_spec
 
 # --- store/liveness.py: the verdicts, word for word -------------------------------------------
@@ -134,3 +138,35 @@ def test_status_recovers_a_rebooted_run_through_the_cli(pdir: PlanDir) -> None:
     assert pdir.todo("a")["reason"] == (
         f"orchestrator pid {me.pid} (run #1) died: the host rebooted since"
     )
+
+
+def test_a_zombie_orchestrator_is_dead(tmp_path: Path) -> None:
+    """Exited but not yet reaped: its /proc entry and start time are still there, and it is
+    dead all the same."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        state = Path(f"/proc/{child.pid}/stat")
+        wait_for(lambda: state.read_text().rsplit(")", 1)[1].split()[0] == "Z", what="a zombie")
+        who = RunIdentity(child.pid, process_start_time(child.pid) or 0.0, *_here())
+        store, _ = store_with_task(tmp_path, who)
+        [run] = store.open_runs()
+        assert death_of(run) == f"orchestrator pid {child.pid} (run #1) died while the task ran"
+    finally:
+        child.wait()
+
+
+def test_a_live_pid_with_no_recorded_start_time_is_not_taken_for_dead(tmp_path: Path) -> None:
+    """Decision: with no start time recorded, a live pid may be the run's own process; only
+    the lock holder closes such a run, `orch status` does not."""
+    me = current_identity()
+    store, _ = store_with_task(tmp_path, RunIdentity(me.pid, 0.0, me.host, me.boot_id))
+    [run] = store.open_runs()
+    assert death_of(run) is None
+    assert close_dead_runs(store, holding_lock=False) == []
+    assert close_dead_runs(store, holding_lock=True) == [
+        f"a: interrupted (orchestrator pid {me.pid} (run #1) ended unrecorded)"
+    ]
+
+
+def _here() -> tuple[str, str]:
+    return socket.gethostname(), boot_id()

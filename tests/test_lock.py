@@ -2,6 +2,8 @@
 process here; a lock whose holder died is taken over at once. Each test fails when the
 behaviour it names is removed (bench/mutation_probe.py ran mutants of lock.py against them)."""
 
+from __future__ import annotations
+
 import json
 import os
 import subprocess
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.core.errors import StoreLocked
+from orchestrator.core.errors import StoreError, StoreLocked
 from orchestrator.store.lock import RunLock
 
 from conftest import PlanDir, run_orch
@@ -96,10 +98,38 @@ def test_lock_freed_during_the_retry_window_is_taken(tmp_path: Path) -> None:
     h = Holder(tmp_path / "s.db", hold=0.2)
     try:
         lock = RunLock(tmp_path / "s.db")
-        lock.acquire({"pid": os.getpid()})
-        lock.release()
+        assert lock.try_probe() is False, "held when the run asks for it"
+        lock.acquire({"pid": os.getpid()})  # StoreLocked, were the glance not waited out
+        try:
+            assert RunLock(tmp_path / "s.db").try_probe() is False, "now the run holds it"
+            assert json.loads(lock.path.read_text())["pid"] == os.getpid()
+        finally:
+            lock.release()
     finally:
         h.kill()
+
+
+def test_a_lock_file_that_cannot_be_opened_is_a_clear_store_error(tmp_path: Path) -> None:
+    """The lock's folder is a file (a mistyped --store): a StoreError naming the lock and
+    the system's reason, not an OSError's traceback, and nothing is held."""
+    (tmp_path / "plans").write_text("not a folder")
+    lock = RunLock(tmp_path / "plans" / "s.db")
+    with pytest.raises(StoreError, match=r"cannot take the run lock .*plans/s\.db\.lock: "):
+        lock.acquire({"pid": os.getpid()})
+    assert lock._fd is None
+
+
+def test_the_lock_and_its_folder_are_private(tmp_path: Path) -> None:
+    """The lock names the holder (pid, host, run): 0600, in a folder it makes 0700."""
+    lock = RunLock(tmp_path / "new" / "s.db")
+    lock.acquire({"pid": os.getpid()})
+    try:
+        assert (lock.path.stat().st_mode & 0o777, lock.path.parent.stat().st_mode & 0o777) == (
+            0o600,
+            0o700,
+        )
+    finally:
+        lock.release()
 
 
 def test_lock_file_names_the_holder_and_overwrites_old_text(tmp_path: Path) -> None:

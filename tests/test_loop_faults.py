@@ -2,6 +2,8 @@
 task class, bad params, an unresolvable `when`, a blocked precondition, retries, the run's
 outcome, a SIGKILLed run taken over."""
 
+from __future__ import annotations
+
 import os
 import signal
 from pathlib import Path

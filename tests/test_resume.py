@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import signal
 import sqlite3
+import subprocess
 import sys
 import time
 from contextlib import closing
@@ -226,16 +228,32 @@ def test_second_run_on_same_store_is_refused(pdir: PlanDir) -> None:
 
 
 def test_lock_of_dead_run_is_taken_over(pdir: PlanDir) -> None:
-    """A lock file left by a dead process does not stop the next run."""
+    """A lock held by a process that was then SIGKILLed does not stop the next run, and the
+    file names the new holder, not the dead one (while it lived, a run was refused)."""
     plan = pdir.write("""
         name: t
         tasks: [{id: a, kind: shell, params: {command: "true"}}]
     """)
-    lock = pdir.store_path().with_name("t.db.lock")
-    lock.parent.mkdir(parents=True)
-    lock.write_text('{"pid": 999999, "host": "elsewhere", "run_id": 7}')
+    store = pdir.store_path()
+    store.parent.mkdir(parents=True)
+    hold = (
+        "import sys, time; from pathlib import Path; from orchestrator.store.lock import RunLock; "
+        "RunLock(Path(sys.argv[1])).acquire({'pid': 999999, 'host': 'elsewhere', 'run_id': 7}); "
+        "print('held', flush=True); time.sleep(300)"
+    )
+    holder = subprocess.Popen(
+        [sys.executable, "-c", hold, str(store)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        refused = run_orch("run", plan)
+        assert refused.returncode == 3 and "run #7" in refused.stderr, refused.stderr
+    finally:
+        holder.kill()
+        holder.communicate(timeout=10)
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
+    assert json.loads(store.with_name("t.db.lock").read_text())["pid"] != 999999
 
 
 def test_timeout_ends_the_whole_group(pdir: PlanDir) -> None:

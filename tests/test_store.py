@@ -1,6 +1,8 @@
 """The SQLite store (store/db.py) through its API on real files: schema versions, the
 allowed transitions, attempts, findings, plan sync, runs and resources."""
 
+from __future__ import annotations
+
 import json
 import sqlite3
 from collections.abc import Iterator
@@ -202,3 +204,17 @@ def test_resources_hold_replace_release(store: Store) -> None:
     row = {r["name"]: r for r in store.resources()}["srv"]
     assert (row["released_by"], row["how"]) == ("a", "by task a")
     assert row["released_at"] is not None
+
+
+def test_why_a_task_did_not_start_is_noted_on_pending_plan_tasks_only(store: Store) -> None:
+    """As a run ends, its pending tasks say why they did not start; a done task and a pending
+    compensation keep what they said."""
+    store.sync_plan([todo_spec("a"), todo_spec("b", 1), todo_spec("c", 2)], None)
+    store.transition("a", Status.IN_PROGRESS, None, 1)
+    store.transition("a", Status.COMPLETED, "done", 1)
+    store.conn.execute("UPDATE todos SET role='compensation', reason='armed' WHERE id='c'")
+    store.note_not_started(["a", "b", "c"], "the run stopped after a failure")
+    reasons = {r["id"]: r["reason"] for r in store.todos()}
+    assert reasons["b"] == "the run stopped after a failure"
+    assert reasons["a"] == store.todo("a")["reason"] != "the run stopped after a failure"
+    assert store.todo("c")["reason"] == "armed"

@@ -34,6 +34,11 @@ def death_of(run: RunRow) -> str | None:
     started = process_start_time(run["pid"])
     if started is None or not is_alive(run["pid"]):  # a zombie (not yet reaped) is dead
         return f"{who} died while the task ran"
+    if not run["pid_started_at"]:
+        # No start time was recorded (/proc unreadable when the run began): a live pid
+        # cannot be told from its reuse, and a live run is never taken for dead. The run
+        # holding the lock closes it (close_dead_runs); status leaves it open.
+        return None
     if abs(started - run["pid_started_at"]) > 0.05:
         return f"{who} died while the task ran (its pid now belongs to another process)"
     return None
