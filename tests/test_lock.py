@@ -182,3 +182,30 @@ def test_cli_run_refused_while_a_live_process_holds_the_lock(pdir: PlanDir) -> N
     r = run_orch("run", plan)
     assert r.returncode == 0, r.stderr
     assert (pdir.root / "ran").exists()
+
+
+def test_something_else_in_the_locks_place_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """A FIFO where the lock file goes would block the open for reading forever: both the
+    run and a status glance refuse it, naming it."""
+    lock = RunLock(tmp_path / "s.db")
+    os.mkfifo(lock.path)
+    for attempt in (lambda: lock.acquire({"pid": os.getpid()}), lock.try_probe):
+        with pytest.raises(StoreError, match=r"the run lock .*s\.db\.lock is a FIFO"):
+            attempt()
+    assert lock._fd is None
+
+
+def test_waiting_out_a_glance_naps_rather_than_spins(tmp_path: Path) -> None:
+    """The retry window polls every 20 ms: a run waiting for a status glance to end costs
+    next to no CPU (a spinning wait would burn the core it waits for)."""
+    h = Holder(tmp_path / "s.db", hold=0.25)
+    try:
+        lock = RunLock(tmp_path / "s.db")
+        cpu, wall = time.thread_time(), time.monotonic()
+        lock.acquire({"pid": os.getpid()})
+        cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+        lock.release()
+    finally:
+        h.kill()
+    assert wall > 0.05, "the holder was still holding: the run had to wait"
+    assert cpu < 0.05, f"{cpu:.3f}s of CPU to wait {wall:.3f}s"
