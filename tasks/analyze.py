@@ -26,7 +26,12 @@ results take the same keys, less `schema`):
                                              # [min, max] over the kept windows: covers the
                                              #   median with probability 1 - 2^(1-n)
          "per_window": [{"output_tok_s": 410.0, "tpot_ms": 19.1, "ttft_ms": 205.0,
-                         "achieved_concurrency": 7.9, "duration_s": 12.0}],
+                         "achieved_concurrency": 7.9, "duration_s": 12.0,
+                         "client": {"busy": 0.12, "late": 0.01, "lag_p50_ms": 0.1,
+                                    "lag_p99_ms": 1.8, "lag_max_ms": 4.0}}],
+                                             # client (optional): the load generator's own
+                                             #   event loop: CPU share, share of the window it
+                                             #   was behind, how late it woke
          "rejected": ["window 1: warm-up transient, 31% below the rest"]},
         {"concurrency": 128, "achieved_concurrency": 48.0, "output_tok_s": 849.0}
       ],
@@ -199,6 +204,19 @@ class Interval(BaseModel):
     achieved_concurrency: Bounds | None = None
 
 
+class ClientFigures(BaseModel):
+    """The load generator's own load over a window (a window where it was the bottleneck is
+    refused, not kept: these are the kept windows' figures)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    busy: float
+    late: float
+    lag_p50_ms: float
+    lag_p99_ms: float
+    lag_max_ms: float
+
+
 class Window(BaseModel):
     """One measurement window of a level, as bench.serve kept it."""
 
@@ -209,6 +227,7 @@ class Window(BaseModel):
     ttft_ms: float | None = None
     achieved_concurrency: float | None = None
     duration_s: float | None = None
+    client: ClientFigures | None = None
 
 
 class Level(BaseModel):

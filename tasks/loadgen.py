@@ -104,7 +104,24 @@ TOGETHER = 0.00025
 # Why a window was thrown away: a phrase its reason holds, and the short name the board counts.
 FAILED = "requests failed"
 NOT_APPLIED = "the load was not applied"
-REASONS = ((UNOBSERVED, UNOBSERVED), (FAILED, "errors"), (NOT_APPLIED, "load not applied"))
+# The load generator measures itself too: its one event loop reads every token of every stream.
+# A window where that loop was busy most of a core, or woke from its naps late by a good part
+# of the gap between tokens it measured, timed the client, not the server (past ~1000 streams
+# of 100 tokens/s one loop falls behind: TPOT read 15 ms of a server sending every 10 ms).
+CLIENT_SATURATED = "the load generator was the bottleneck"
+CLIENT_BUSY = 0.9  # share of a core the loop's thread used over the window
+# How much of the window the loop spent late (the sum of its wake-ups' lateness over the wall
+# time): a loop that cannot keep up, or is starved of CPU, is behind for much of it; a loaded
+# host's scheduling makes a few wake-ups late, a few percent. Not judged against the token gaps
+# it measured: a starved client measures inflated gaps.
+LATE_LIMIT = 0.25
+LAG_EVERY = 0.005  # the watcher's nap (s)
+REASONS = (
+    (UNOBSERVED, UNOBSERVED),
+    (FAILED, "errors"),
+    (NOT_APPLIED, "load not applied"),
+    (CLIENT_SATURATED, "client saturated"),
+)
 HEADLINE = ("output_tok_s", "tpot_ms", "ttft_ms", "achieved_concurrency")  # per-window figures
 TIMING = ("ttft", "tpot", "itl", "ttft_ms", "tpot_ms")  # what token timing gives
 
@@ -425,7 +442,9 @@ def window_problems(
             "counts in its `usage`), so its throughput is not the one asked for"
         )
     problems = []
-    if (unobserved := figures.get("unobserved", 0)) > max(1.0, MAX_UNOBSERVED * len(done)):
+    if (saturated := client_saturated(figures)) is not None:
+        problems.append(saturated)  # then tokens that seem to come together are its doing
+    elif (unobserved := figures.get("unobserved", 0)) > max(1.0, MAX_UNOBSERVED * len(done)):
         problems.append(
             f"{unobserved} of {len(done)} answers arrived with most of their tokens "
             f"together: {UNOBSERVED}, the server did not stream them as they were made"
@@ -441,6 +460,66 @@ def window_problems(
             f"{expected} asked: {NOT_APPLIED}"
         )
     return problems, None
+
+
+def client_saturated(figures: dict[str, Any]) -> str | None:
+    """Why the window timed the load generator rather than the server, or None."""
+    client = figures.get("client")
+    if not client:
+        return None
+    gap = figures["itl"].get("p50") or figures["tpot"].get("p50")
+    if client["busy"] < CLIENT_BUSY and client["late"] <= LATE_LIMIT:
+        return None
+    against = f" (the token gaps it measured: {gap:.1f} ms median)" if gap is not None else ""
+    return (
+        f"{CLIENT_SATURATED}: its event loop used {client['busy']:.2f} of a core and was "
+        f"behind for {client['late']:.0%} of the window (up to {client['lag_max_ms']:.0f} ms "
+        f"late){against}; give it a core of its own (`cpus`) or "
+        "lower the concurrency"
+    )
+
+
+@dataclass(frozen=True)
+class ClientLoad:
+    """The load generator's own load over a window."""
+
+    busy: float  # CPU time of the event loop's thread / the window's wall time
+    late: float  # the sum of its wake-ups' lateness / the window's wall time
+    lag_p50_ms: float  # how late the loop woke from its LAG_EVERY naps: median, p99, max
+    lag_p99_ms: float
+    lag_max_ms: float
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            "busy": round(self.busy, 3),
+            "late": round(self.late, 3),
+            "lag_p50_ms": round(self.lag_p50_ms, 2),
+            "lag_p99_ms": round(self.lag_p99_ms, 2),
+            "lag_max_ms": round(self.lag_max_ms, 2),
+        }
+
+
+class LoopWatch:
+    """Measures the running event loop over a window: its thread's CPU time, and how late it
+    wakes from short naps (a loop busy reading answers, or starved of CPU, wakes late)."""
+
+    def __init__(self) -> None:
+        self.lags: list[float] = []
+        self.cpu = time.thread_time()
+        self.wall = time.perf_counter()
+
+    async def watch(self) -> None:
+        while True:
+            before = time.perf_counter()
+            await asyncio.sleep(LAG_EVERY)
+            self.lags.append(max(0.0, time.perf_counter() - before - LAG_EVERY))
+
+    def result(self) -> ClientLoad:
+        wall = time.perf_counter() - self.wall
+        lags = sorted(self.lags) or [0.0]
+        p50, p99 = (lags[min(len(lags) - 1, int(q * len(lags)))] for q in (0.5, 0.99))
+        busy, late = ((time.thread_time() - self.cpu) / wall, sum(lags) / wall) if wall else (0, 0)
+        return ClientLoad(busy, late, p50 * 1000, p99 * 1000, lags[-1] * 1000)
 
 
 def spread(values: Sequence[float]) -> float:
@@ -488,12 +567,19 @@ class Windows:
         self.unused_spec: list[dict[str, Any]] = []
 
     def add(
-        self, number: int, outcomes: list[Outcome], duration: float, spec: dict[str, Any] | None
+        self,
+        number: int,
+        outcomes: list[Outcome],
+        duration: float,
+        spec: dict[str, Any] | None,
+        client: ClientLoad | None = None,
     ) -> Measured | None:
         """Judge window `number`: the level once its last windows agree, else None; a fault
         that every window would show fails the level (TaskError)."""
         p, label = self.p, f"c={self.concurrency} window {number}"
         figures = summarize_level(self.concurrency, outcomes, duration)
+        if client is not None:
+            figures["client"] = client.as_dict()
         problems, fatal = window_problems(figures, outcomes, self.concurrency, p)
         if fatal:
             raise TaskError(f"c={self.concurrency}: {fatal}")
@@ -561,9 +647,10 @@ async def run_window(
     label: str,
     progress: Callable[[str], None] | None = None,
     every: float = 10.0,
-) -> tuple[list[Outcome], float]:
+) -> tuple[list[Outcome], float, ClientLoad]:
     """`requests` requests with at most `concurrency` in flight; every `every` seconds
-    `progress` hears how far it is (a window at concurrency 128 on a big model takes long)."""
+    `progress` hears how far it is (a window at concurrency 128 on a big model takes long).
+    Also how loaded the client itself was (LoopWatch)."""
     gate = asyncio.Semaphore(concurrency)
     done: list[Outcome] = []
 
@@ -583,14 +670,16 @@ async def run_window(
             )
 
     started = time.perf_counter()
-    reporter = asyncio.create_task(report())
+    loop = LoopWatch()
+    reporter, watcher = asyncio.create_task(report()), asyncio.create_task(loop.watch())
     try:
         outcomes = await asyncio.gather(
             *(limited(prompts[i % len(prompts)]) for i in range(p.requests))
         )
     finally:
         reporter.cancel()
-    return list(outcomes), time.perf_counter() - started
+        watcher.cancel()
+    return list(outcomes), time.perf_counter() - started, loop.result()
 
 
 async def measure_level(
@@ -617,7 +706,7 @@ async def measure_level(
             label = f"c={concurrency} window {number}"
             scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
             before = await asyncio.to_thread(_counters, target.url) if scrape else {}
-            outcomes, duration = await run_window(
+            outcomes, duration, client = await run_window(
                 session, target, prompts, p, concurrency, label, progress, every
             )
             if target.api == "sglang":
@@ -625,7 +714,7 @@ async def measure_level(
             else:
                 after = await asyncio.to_thread(_counters, target.url) if before else {}
                 spec = vllm_acceptance(before, after) if before else None
-            if (measured := level.add(number, outcomes, duration, spec)) is not None:
+            if (measured := level.add(number, outcomes, duration, spec, client)) is not None:
                 return measured
     return level.end()
 
@@ -658,8 +747,11 @@ def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
         timing_unobserved=measured.timing_unobserved,
         per_window=[
             {
-                key: None if key in TIMING and not w.timed else w.figures[key]
-                for key in (*HEADLINE, "duration_s")
+                **{
+                    key: None if key in TIMING and not w.timed else w.figures[key]
+                    for key in (*HEADLINE, "duration_s")
+                },
+                **({"client": w.figures["client"]} if "client" in w.figures else {}),
             }
             for w in windows
         ],
