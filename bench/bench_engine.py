@@ -1,5 +1,5 @@
 """Engine benchmark: executor overhead per task, re-run cost, and `orch status` start-up,
-against doit measured in the same run.
+against doit and DBOS measured in the same run.
 
     python bench/bench_engine.py [--quick] [--no-doit] [--json PATH]
 
@@ -13,6 +13,16 @@ installed into the benchmark's own environment, bench/.doit-venv (pip, once), ne
 orch's: the same 1000-task chain of no-op Python actions as a dodo.py, run, re-run when every
 task is up to date, and listed with `doit list --all --status`. The three ratios orch/doit
 close the output (issue 12's targets: at most 1.5, 0.5 and 1.0).
+
+doit records nothing until the end; the peers for a record committed before each side effect
+are durable-execution engines. DBOS Transact (its own environment, bench/.dbos-venv) runs the
+same chains as one workflow of no-op steps on SQLite, each step's result checkpointed before
+the next step starts, in two settings: as shipped (rollback journal, synchronous=FULL: an fsync
+a step) and at orch's durability (WAL, synchronous=NORMAL: durable at checkpoint, a crash of
+the process loses nothing, a power cut may lose the last commits). The same workflow id again
+is its re-run (the recorded result is returned), `DBOS.list_workflows()` its status. Process
+wall time, as for doit and orch; DBOS ends with os._exit once its record is written (its
+orderly shutdown joins its queue threads for a second).
 """
 
 from __future__ import annotations
@@ -252,6 +262,115 @@ def task_t():
             "verbosity": 0,
         }}
 """
+
+
+DBOS_VERSION = "3.4.0"
+DBOS_VENV = BENCH_DIR / ".dbos-venv"
+DBOS_APP = """
+import os, sys
+from dbos import DBOS, SetWorkflowID
+
+db, n, durability, action = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+if durability == "orch":  # orch's settings on every connection DBOS opens
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    @event.listens_for(Engine, "connect")
+    def pragmas(conn, record):
+        cur = conn.cursor()
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute("PRAGMA synchronous=NORMAL")
+        cur.close()
+
+
+@DBOS.step()
+def noop(i: int) -> int:
+    return i
+
+
+@DBOS.workflow()
+def chain(n: int) -> int:
+    for i in range(n):
+        noop(i)
+    return n
+
+
+DBOS(config={"name": "chain", "system_database_url": f"sqlite:///{db}", "run_admin_server": False})
+DBOS.launch()
+if action == "run":
+    with SetWorkflowID(f"chain-{n}"):  # the same id again: the recorded result
+        assert chain(n) == n
+else:
+    assert [w.status for w in DBOS.list_workflows()] == ["SUCCESS"]
+sys.stdout.flush()
+os._exit(0)  # recorded already; DBOS.destroy() would join its queue threads for a second
+"""
+
+
+def dbos_python() -> str:
+    """The benchmark's own DBOS environment, made on first use."""
+    python = DBOS_VENV / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(DBOS_VENV)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True
+        )
+    return str(python)
+
+
+def dbos_rows(
+    tmp: Path, reps: int, orch_run: list[str], orch_status: list[str], clear_store: Thunk
+) -> list[Row]:
+    """DBOS at both durabilities beside orch, interleaved: the marginal cost of a step, the
+    re-run of a finished chain of 1000 and the status listing, with the ratios to orch."""
+    python, ms = dbos_python(), 1000.0
+    app = tmp / "dbos_chain.py"
+    app.write_text(DBOS_APP)
+    durability = {"shipped": "shipped", "wal": "orch"}  # DBOS as shipped; at orch's settings
+    command: dict[tuple[str, int], list[str]] = {}
+    clear: dict[tuple[str, int], Thunk] = {}
+    for tool, setting in durability.items():
+        for n in (1000, BIG):
+            db = tmp / f"dbos-{tool}-{n}.sqlite"
+            command[tool, n] = [python, str(app), str(db), str(n), setting]
+            clear[tool, n] = fresh(db)
+    plan_big, store_big = write_plan(tmp, "chain", BIG), tmp / f"chain{BIG}-vs-dbos.db"
+    command["orch", 1000], clear["orch", 1000] = orch_run, clear_store
+    command["orch", BIG] = [ORCH, "run", str(plan_big), "-q", "--store", str(store_big)]
+    clear["orch", BIG] = fresh(store_big)
+    tools = (*durability, "orch")
+    run_of = {k: v + ["run"] if k[0] != "orch" else v for k, v in command.items()}
+    runs: dict[tuple[str, int], list[float]] = {}
+    for _ in range(reps):
+        for n in (1000, BIG):
+            for tool in tools:
+                clear[tool, n]()
+                runs.setdefault((tool, n), []).append(timed(proc(run_of[tool, n])))
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    step = {t: (med[t, BIG] - med[t, 1000]) / (BIG - 1000) for t in tools}
+    for tool in tools:  # the chains of 1000 finished: what a re-run and a listing face
+        proc(run_of[tool, 1000])()
+    rerun = dict(zip(tools, round_robin([run_of[t, 1000] for t in tools], reps), strict=True))
+    listed = [[*command[t, 1000], "status"] for t in durability] + [orch_status]
+    status = dict(zip(tools, round_robin(listed, reps), strict=True))
+    name = {"shipped": f"DBOS {DBOS_VERSION} as shipped", "wal": "DBOS, orch's durability",
+            "orch": "orch"}  # fmt: skip
+    durable = {
+        "shipped": "rollback journal, synchronous=FULL: an fsync a step",
+        "wal": "WAL, synchronous=NORMAL (set on each connection)",
+        "orch": "WAL, synchronous=NORMAL: a commit a status change",
+    }
+    rows: list[Row] = []
+    for label, figures, unit in (
+        ("per step (marginal)", step, "ms/task"),
+        ("re-run of 1000", rerun, "ms"),
+        ("status of 1000", status, "ms"),
+    ):
+        rows += [Row("vs DBOS", f"{name[t]}, {label}", figures[t] * ms, unit,
+                     reference=durable[t]) for t in tools]  # fmt: skip
+        rows += [Row("vs DBOS", f"  ratio orch/{name[t]}", figures["orch"] / figures[t], "x")
+                 for t in durability]  # fmt: skip
+    return rows
 
 
 def _unlink_all(folder: Path, pattern: str) -> None:
@@ -511,10 +630,11 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
             Row("cli start", label, s * ms, "ms", s / times[0], s / times[1], reference, target)
         )
 
-    # 4. doit beside orch, in this run.
+    # 4. doit and DBOS beside orch, in this run.
     if with_doit:
         status = [ORCH, "status", str(path), "--store", str(store)]
         rows += doit_rows(tmp, reps_proc, rerun, status, fresh(store))
+        rows += dbos_rows(tmp, reps_proc, rerun, status, fresh(store))
     return rows
 
 
@@ -563,7 +683,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
-    parser.add_argument("--no-doit", action="store_true", help="skip the doit comparison")
+    parser.add_argument("--no-doit", action="store_true", help="skip the doit and DBOS comparisons")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
         rows = bench(Path(tmp), args.quick, not args.no_doit)
