@@ -169,6 +169,29 @@ def test_a_hostile_payload_is_refused_with_a_reason_never_a_crash(text: str) -> 
         return
 
 
+def test_a_bad_inventory_or_option_is_one_clear_line_and_exit_2(tmp_path: Path) -> None:
+    """What Ansible says of a broken inventory, cut to its first complaint and where; no
+    inventory, no host, a bad --serial: each a line, exit 2, nothing recorded."""
+    plan = tmp_path / "p.yaml"
+    plan.write_text("name: p\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    (tmp_path / "bad.yml").write_text("all:\n  hosts: [unclosed\n")
+    (tmp_path / "empty.yml").write_text("all:\n  hosts: {}\n")
+    (tmp_path / "one.yml").write_text("all:\n  hosts: {h1: {ansible_connection: local}}\n")
+    cases = {
+        "bad.yml": "ansible-inventory could not read ",
+        "nothere.yml": "nothere.yml: no such inventory",
+        "empty.yml": "empty.yml has no hosts",
+    }
+    for inventory, said in cases.items():
+        r = run_orch("fleet", "run", plan, "-i", tmp_path / inventory, cwd=tmp_path)
+        assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "bad.yml:3:1)" in run_orch("fleet", "run", plan, "-i", tmp_path / "bad.yml").stderr
+    r = run_orch("fleet", "run", plan, "-i", tmp_path / "one.yml", "--serial", "0%")
+    assert r.returncode == 2 and "--serial '0%': give a number of hosts" in r.stderr, r.stderr
+    assert not (tmp_path / ".orch" / "p.fleet.db").exists()
+
+
 def test_batches_are_the_canary_then_serial_numbers_or_shares() -> None:
     hosts = [f"h{i}" for i in range(10)]
     assert batches_of(hosts, 1, "3") == [

@@ -9,6 +9,7 @@ gives the order a roll goes in.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,9 +39,11 @@ def read_inventory(inventory: Path, limit: str | None = None) -> list[InventoryH
         raise UsageError(f"ansible-inventory could not read {inventory}: {exc}") from None
     said = done.stderr.strip()
     if done.returncode != 0:
-        raise UsageError(f"ansible-inventory could not read {inventory}: {said or done.stdout}")
+        raise UsageError(
+            f"ansible-inventory could not read {inventory}: {gist(said or done.stdout)}"
+        )
     if "Unable to parse" in said or "did not meet" in said:  # a warning, exit 0, no hosts
-        raise UsageError(f"ansible-inventory could not read {inventory}: {said}")
+        raise UsageError(f"ansible-inventory could not read {inventory}: {gist(said)}")
     data = json.loads(done.stdout)
     hostvars: dict[str, dict[str, Any]] = data.get("_meta", {}).get("hostvars", {})
     names: dict[str, None] = {}
@@ -57,3 +60,25 @@ def read_inventory(inventory: Path, limit: str | None = None) -> list[InventoryH
         what = f" matching --limit {limit}" if limit else ""
         raise UsageError(f"{inventory} has no hosts{what}")
     return [InventoryHost(name, hostvars.get(name, {})) for name in names]
+
+
+def gist(said: str) -> str:
+    """Ansible's first parser complaint and where, of the pages it prints for a bad inventory
+    (every plugin it tried, each with its traceback-like cause)."""
+    lines = [line.strip() for line in said.splitlines() if line.strip()]
+    first = next(
+        (
+            m.group(1)
+            for line in lines
+            if (
+                m := re.search(
+                    r"Failed to parse inventory with '\w+' "
+                    r"plugin: (.+)",
+                    line,
+                )
+            )
+        ),
+        lines[-1] if lines else "(nothing said)",
+    )
+    origin = next((line[len("Origin: ") :] for line in lines if line.startswith("Origin: /")), None)
+    return f"{first} ({origin})" if origin else first

@@ -108,6 +108,7 @@ class Roller:
     ) -> None:
         from orchestrator.api import Runbook
 
+        batch_size(options.serial, 1)  # a bad --serial is said before anything is touched
         self.plan_file = plan_file
         self.options = options
         self.say = say
