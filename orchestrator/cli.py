@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -746,18 +747,40 @@ def _forgotten(runbook: Runbook, done: list[str]) -> None:
 
 
 def _confirm(question: str, flag: str, what: str) -> bool:
-    """click.confirm, where a question that cannot be asked (stdin at its end: </dev/null, a
+    """Ask `question [y/N]`. A question that cannot be asked (stdin at its end: </dev/null, a
     script) is a usage error that names `flag`; Ctrl-C at the prompt stays an interrupt."""
-    try:
-        return click.confirm(question)
-    except click.exceptions.Abort as exc:  # click raises it for EOFError and Ctrl-C alike
-        if isinstance(exc.__context__, KeyboardInterrupt):
-            raise
-        click.echo(err=False)  # end the prompt's line
-        raise UsageError(
-            f"no answer to {question!r} (stdin is not a terminal, or at its end): "
-            f"pass {flag} {what}; nothing was changed"
-        ) from None
+    while True:
+        click.echo(f"{question} [y/N]: ", nl=False)
+        line = _answer_line()
+        if line is None:
+            click.echo(err=False)  # end the prompt's line
+            raise UsageError(
+                f"no answer to {question!r} (stdin is not a terminal, or at its end): "
+                f"pass {flag} {what}; nothing was changed"
+            )
+        answer = line.strip().lower()
+        if answer in ("y", "yes", "n", "no", ""):
+            return answer in ("y", "yes")
+        click.echo("Error: invalid input", err=True)
+
+
+def _answer_line() -> str | None:
+    """A line from stdin (None at its end), read a byte at a time past Python's buffer (the
+    next prompt's answer stays in the pipe). Waits in select() with a timeout rather than in a
+    blocking read: a SIGINT that lands between Python's signal check and read(2) would
+    otherwise wait for the next input before Ctrl-C took effect."""
+    import select
+
+    fd, got = sys.stdin.fileno(), bytearray()
+    while True:
+        while not select.select([fd], [], [], 0.2)[0]:
+            pass  # back in Python each time: a pending Ctrl-C is raised here
+        byte = os.read(fd, 1)
+        if not byte:
+            return got.decode(errors="replace") or None
+        if byte == b"\n":
+            return got.decode(errors="replace")
+        got += byte
 
 
 # --- report ----------------------------------------------------------------------------------
@@ -1239,6 +1262,10 @@ def main() -> NoReturn:
     from orchestrator.core.umask import private_files
 
     private_files()  # the store, lock and logs are the user's alone (tasks keep their umask)
+    # Started with `&` from a script, a process inherits SIGINT ignored (POSIX) and Python
+    # installs no handler: `kill -INT` (or Ctrl-C at a prompt) would do nothing. Every
+    # command stays interruptible.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         # Without standalone mode click returns the code of ctx.exit() instead of exiting.
         code = cli.main(standalone_mode=False)

@@ -572,6 +572,18 @@ def test_reset_that_cannot_ask_says_to_pass_yes_and_ctrl_c_is_an_interrupt(
     assert pdir.statuses() == {"a": "completed"}
 
 
+def test_reset_asks_again_after_an_answer_it_does_not_know(pdir: PlanDir) -> None:
+    """`maybe` is no answer: asked again, and the next line (`y`, still in the pipe) counts."""
+    plan = pdir.write("name: t\ntasks:\n  - {id: a, kind: shell, params: {command: 'true'}}\n")
+    assert run_orch("run", plan).returncode == 0
+    r = subprocess.run(
+        [ORCH, "reset", str(plan)], input="maybe\ny\n", capture_output=True, text=True, timeout=30
+    )
+    assert r.returncode == 0 and r.stdout.count("[y/N]") == 2, r.stdout + r.stderr
+    assert "Error: invalid input" in r.stderr and "1 task forgotten" in r.stdout
+    assert pdir.statuses() == {"a": "pending"}
+
+
 def test_history_of_an_unknown_task_is_a_usage_error_with_a_suggestion(pdir: PlanDir) -> None:
     """`orch history --task ID` for no task of the store says so (exit 2), as `orch logs`
     does; a task removed from the board keeps its history."""
