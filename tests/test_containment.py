@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -435,3 +437,30 @@ def test_a_process_that_wrote_over_its_environment_is_found_by_its_session(
             leader.wait()
         with contextlib.suppress(FileNotFoundError, ValueError, ProcessLookupError):
             os.kill(int((tmp_path / "P").read_text()), signal.SIGKILL)
+
+
+def test_a_cgroup_removed_while_it_is_read_holds_nobody(tmp_path: Path) -> None:
+    """A scope's cgroup goes with its last process (`--collect`), also while the jail's
+    members are being listed: reading it then is an empty list, never FileNotFoundError (seen
+    under load: a `systemd.stop` task failed with it). Subfolders made and removed by a thread
+    while the listing walks them; 3000 listings (235 of them raised before the fix)."""
+    from orchestrator.proc.containment import _cgroup_procs
+
+    stop = threading.Event()
+
+    def churn() -> None:
+        while not stop.is_set():
+            deep = tmp_path / "a" / "b" / "c"
+            deep.mkdir(parents=True, exist_ok=True)
+            (deep / "cgroup.procs").write_text("1\n")
+            shutil.rmtree(tmp_path / "a", ignore_errors=True)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    try:
+        listed = [_cgroup_procs(tmp_path) for _ in range(3000)]
+    finally:
+        stop.set()
+        thread.join()
+    assert {tuple(pids) for pids in listed} <= {(), (1,)}
+    assert (1,) in {tuple(pids) for pids in listed}, "the walk never saw the churned folder"

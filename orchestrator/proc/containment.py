@@ -233,8 +233,14 @@ def _user_bus() -> bool:
 
 
 def _cgroup_procs(cgroup: Path) -> list[int]:
+    """The pids in `cgroup` and below. A scope's cgroup goes when its last process does
+    (`--collect`), at any moment, also while it is being read: gone, it holds nobody."""
     pids: list[int] = []
-    for procs in [cgroup / "cgroup.procs", *cgroup.glob("**/cgroup.procs")]:
+    try:
+        files = [cgroup / "cgroup.procs", *cgroup.glob("**/cgroup.procs")]
+    except OSError:  # removed while the glob walked it
+        return pids
+    for procs in files:
         with contextlib.suppress(OSError, ValueError):
             pids += [int(x) for x in procs.read_text().split()]
     return pids
