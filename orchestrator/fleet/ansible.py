@@ -145,7 +145,9 @@ def run_play(
             event_handler=on_event,
             cancel_callback=cancel,
         )
-        said = _last_line(runner.stdout.read()) if len(answered) < len(hosts) else ""
+        said = (
+            (last_line(runner.stdout.read()) or "(nothing)") if len(answered) < len(hosts) else ""
+        )
     finally:
         shutil.rmtree(private, ignore_errors=True)
     if cancel():  # the hosts still working stay `running` in the record
@@ -156,7 +158,8 @@ def run_play(
             on_result(HostResult(host, reached=True, rc=None, stdout="", stderr="", msg=why))
 
 
-def _last_line(text: str) -> str:
-    """What Ansible said last (its error, for a play that never reached a host)."""
+def last_line(text: str) -> str:
+    """The last non-empty line, 300 characters at most: what Ansible, a host's stderr or a
+    task's error said last."""
     lines = [line.strip() for line in text.splitlines() if line.strip()]
-    return lines[-1][:300] if lines else "(nothing)"
+    return lines[-1][:300] if lines else ""

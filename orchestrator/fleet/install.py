@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import UsageError
+from orchestrator.fleet.ansible import last_line
 from orchestrator.fleet.build import build_id
 
 
@@ -48,7 +49,7 @@ def wheelhouse(work: Path) -> Path:
     argv = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(folder), str(source_root())]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        said = (done.stderr.strip().splitlines() or ["(nothing)"])[-1]
+        said = last_line(done.stderr) or "(nothing)"
         raise UsageError(f"could not build orch's wheels for --install: {said}")
     partial = tar.with_suffix(".partial")
     with tarfile.open(partial, "w") as out:

@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ from orchestrator.core.errors import (
     UsageError,
 )
 from orchestrator.core.periodic import every
-from orchestrator.fleet.ansible import HostResult, run_command
+from orchestrator.fleet.ansible import HostResult, last_line, run_command
 from orchestrator.fleet.build import build_id
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
 from orchestrator.fleet.record import DONE, FleetRecord, Roll, record_path
@@ -311,7 +312,7 @@ class Roller:
                 self.say(f"  {result.host} has orch {build_id()} after {took}")
                 return
             state = "unreachable" if not result.reached else "error"
-            said = _first_line(result.stderr) or _first_line(result.msg)
+            said = last_line(result.stderr) or last_line(result.msg)
             record.finish_host(roll.id, result.host, state, f"install failed: {said}")
             self.say(f"  {result.host} install failed after {took}: {said}")
 
@@ -337,20 +338,9 @@ class Roller:
 
         declared = set(self.plan.vars)
         host_vars = [f"{k}={json.dumps(v)}" for k, v in host.vars.items() if k in declared]
-        folder = self.plan_file.parent
-        modules = {
-            p.name: p.read_text(encoding="utf-8")
-            for p in sorted(folder.glob("*.py"))
-            if p.is_file()
-        }
         doc = {
             "build": build_id(),  # this controller's, also on a roll begun by an older one
-            "plan": {
-                "name": self.plan.name,
-                "file": self.plan_file.name,
-                "text": self.plan_file.read_text(encoding="utf-8"),
-                "modules": modules,
-            },
+            "plan": self._plan_files,
             "vars": host_vars + list(self.var_args),  # the command line's --var wins
             "home": str(host.vars.get("orch_home", DEFAULT_HOME)),
             "approve": list(self.options.approve),
@@ -358,6 +348,21 @@ class Roller:
             "argv": ["orch", "fleet", "run", self.plan_file.name, f"(roll #{roll.id})"],
         }
         return base64.b64encode(json.dumps(doc).encode()).decode()
+
+    @cached_property
+    def _plan_files(self) -> dict[str, Any]:
+        """The plan file and the modules beside it, read once for every host of the roll."""
+        folder = self.plan_file.parent
+        return {
+            "name": self.plan.name,
+            "file": self.plan_file.name,
+            "text": self.plan_file.read_text(encoding="utf-8"),
+            "modules": {
+                p.name: p.read_text(encoding="utf-8")
+                for p in sorted(folder.glob("*.py"))
+                if p.is_file()
+            },
+        }
 
     @contextmanager
     def _stoppable(self) -> Iterator[None]:
@@ -393,10 +398,10 @@ def approve_roll(store: Path, note: str | None) -> Roll:
 def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[str, Any]] | None]:
     """A host's state, a one-line detail and its board, from what Ansible brought back."""
     if not result.reached:
-        return "unreachable", _first_line(result.msg) or "Ansible could not reach it", None
+        return "unreachable", last_line(result.msg) or "Ansible could not reach it", None
     answer = _answer(result.stdout)
     if answer is None:
-        said = _first_line(result.stderr) or _first_line(result.msg)
+        said = last_line(result.stderr) or last_line(result.msg)
         # The command module could not execute it: rc 2 and not a word from the program.
         if result.rc in (2, 127) and not (result.stdout.strip() or result.stderr.strip()):
             return "refused", f"no orch at {python} (set orch_venv, or install it)", None
@@ -406,7 +411,7 @@ def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[s
     if "refused" in answer:
         return "refused", str(answer["refused"]), None
     if "error" in answer:
-        return "error", _first_line(str(answer["error"])), None
+        return "error", last_line(str(answer["error"])), None
     board: list[dict[str, Any]] = answer.get("board", [])
     code = answer["result"]["exit_code"]
     if code == EXIT_OK:
@@ -419,7 +424,7 @@ def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[s
     failed = next((t for t in board if t["status"] == "failed"), None)
     if failed is None:
         return "failed", f"its run ended {answer['result']['outcome']}", board
-    error = _first_line(failed.get("last_error") or "")
+    error = last_line(failed.get("last_error") or "")
     return "failed", f"at {failed['id']}" + (f" ({error})" if error else ""), board
 
 
@@ -447,11 +452,6 @@ def _headline(board: Sequence[dict[str, Any]]) -> str | None:
 
 def _finding(f: dict[str, Any]) -> str:
     return f"{f['key']}={f['value']}" + (f" {f['unit']}" if f.get("unit") else "")
-
-
-def _first_line(text: str) -> str:
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    return lines[-1][:300] if lines else ""
 
 
 def _venv(host: InventoryHost) -> str:
