@@ -1,13 +1,14 @@
 """A synthetic OpenAI-compatible streaming server whose timing is known: the ruler that
 bench.serve's load generator is measured against (bench/bench_loadgen_ceiling.py).
 
-    python bench/stream_server.py PORT [--procs 4] [--interval-ms 10]
+    python bench/stream_server.py PORT [--procs 4] [--interval-ms 10] [--cpus 4,5,6]
 
 `--procs` processes share the port (SO_REUSEPORT: the kernel spreads the connections), each
 one asyncio loop on raw streams (no web framework: its own CPU must stay far below the
 client's). POST /v1/completions with `stream: true` answers `max_tokens` tokens, token i
 written at start + i x interval: a fixed schedule, so a late write does not shift the next
 ones, and every stream's true TPOT is exactly the interval. /health and /v1/models answer too.
+`--cpus` keeps every process on those CPUs (off the client's, whose ceiling is measured).
 Each process writes how late its writes were to stderr when it ends (SIGTERM): a server that
 fell behind its schedule is no ruler, and the bench checks it did not.
 """
@@ -123,8 +124,11 @@ def main() -> None:
     ap.add_argument("port", type=int)
     ap.add_argument("--procs", type=int, default=4)
     ap.add_argument("--interval-ms", type=float, default=10.0)
+    ap.add_argument("--cpus", default=None, help="comma-separated CPU ids")
     args = ap.parse_args()
     INTERVAL = args.interval_ms / 1000
+    if args.cpus:  # before the forks: every process inherits it
+        os.sched_setaffinity(0, {int(c) for c in args.cpus.split(",")})
     children = []
     for _ in range(args.procs - 1):
         pid = os.fork()

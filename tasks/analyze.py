@@ -215,6 +215,12 @@ class ClientFigures(BaseModel):
     lag_p50_ms: float
     lag_p99_ms: float
     lag_max_ms: float
+    # bench.serve spread over processes (client_processes): the figures above are the most
+    # strained process's, `worst` its number (from 1), each one's in `per_process`.
+    processes: int | None = Field(None, ge=2)
+    worst: int | None = Field(None, ge=1)
+    per_process: list[ClientFigures] | None = None
+    pid: int | None = None  # one process's, in per_process
 
 
 class Window(BaseModel):

@@ -54,6 +54,13 @@ Artifacts, checked in every window before it counts (decisions):
   at nice 10 (scripts/vllm_cpu/vllm_cli.py), which restores a GPU host's token-by-token
   streaming on 2 cores.
 
+The client: an event loop reads every token of every stream it sends, so one core is the
+ceiling of one loop (bench/bench_loadgen_ceiling.py). A level is spread over `client_processes`
+processes (ClientPool; "auto" below): each window's requests and concurrency shared out among
+them, each with its own event loop, aiohttp session and LoopWatch, all starting the window at
+one instant; the window lasts from that instant to the last one's end, its answers are pooled
+as if one client had sent them, and it is refused when any of them was the bottleneck.
+
 Speculative decoding is measured from the engine's own counters, taken before and after each
 window (warm-up excluded; the kept windows' differences summed): vLLM's `vllm:spec_decode_*`
 counters from /metrics (tau = 1 + accepted / drafts, k = draft tokens / drafts); SGLang's
@@ -68,16 +75,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
+import math
 import os
 import random
+import signal
+import socket
 import statistics
+import subprocess
+import sys
 import time
+import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -104,10 +119,10 @@ TOGETHER = 0.00025
 # Why a window was thrown away: a phrase its reason holds, and the short name the board counts.
 FAILED = "requests failed"
 NOT_APPLIED = "the load was not applied"
-# The load generator measures itself too: its one event loop reads every token of every stream.
-# A window where that loop was busy most of a core, or woke from its naps late by a good part
-# of the gap between tokens it measured, timed the client, not the server (past ~1000 streams
-# of 100 tokens/s one loop falls behind: TPOT read 15 ms of a server sending every 10 ms).
+# The load generator measures itself too: an event loop reads every token of its streams. A
+# window where a loop was busy most of a core, or woke from its naps late by a good part of the
+# gap between tokens it measured, timed the client, not the server (past ~1000 streams of 100
+# tokens/s one loop falls behind: TPOT read 15 ms of a server sending every 10 ms).
 CLIENT_SATURATED = "the load generator was the bottleneck"
 CLIENT_BUSY = 0.9  # share of a core the loop's thread used over the window
 # How much of the window the loop spent late (the sum of its wake-ups' lateness over the wall
@@ -116,6 +131,15 @@ CLIENT_BUSY = 0.9  # share of a core the loop's thread used over the window
 # ~20%. Not judged against the token gaps it measured: a starved client measures them inflated.
 LATE_LIMIT = 0.5
 LAG_EVERY = 0.005  # the watcher's nap (s)
+# Streams one client process reads (client_processes "auto"): a quarter of one loop's measured
+# ceiling on a GPU host's core (bench/bench_loadgen_ceiling.py: 1024 streams of a token every
+# 10 ms kept, ~89k tok/s; 2048 refused), so a level at this many or fewer runs in this process,
+# as ever, and a bigger one takes a process per this many streams, up to the CPUs it may use.
+STREAMS_PER_PROCESS = 256
+# The client processes are sent a window's start instant this far ahead (CLOCK_MONOTONIC, one
+# clock for every process of a Linux host): each waits idle for its next window, and wakes to
+# a message in well under a millisecond, so all start the window together.
+START_MARGIN = 0.05
 REASONS = (
     (UNOBSERVED, UNOBSERVED),
     (FAILED, "errors"),
@@ -172,6 +196,14 @@ class BenchParams(BaseModel):
         description="the CPUs the load generator runs on while it measures; on a host where "
         "it shares the CPUs with the server, keep it off the engine's (CPUs the host lacks "
         "are left out)",
+    )
+    client_processes: Annotated[int, Field(ge=1)] | Literal["auto"] = Field(
+        "auto",
+        description="processes the load generator spreads a level over, each an event loop "
+        f"on a core of its own; auto: one up to {STREAMS_PER_PROCESS} streams (the level's "
+        f"concurrency), else one per {STREAMS_PER_PROCESS} streams, at most as many as the "
+        "CPUs it may run on (`cpus`, else its affinity); a number: that many (at most one per "
+        "stream and per request of a window)",
     )
 
     @model_validator(mode="after")
@@ -426,6 +458,21 @@ def summarize_level(concurrency: int, outcomes: list[Outcome], duration: float) 
     return level
 
 
+def judge_window(
+    concurrency: int,
+    outcomes: list[Outcome],
+    duration: float,
+    clients: Sequence[ClientLoad],
+    p: BenchParams,
+) -> tuple[dict[str, Any], list[str], str | None]:
+    """A window's figures (the client's own among them, where measured), why it must be
+    measured again, and why the level cannot be measured at all (window_problems)."""
+    figures = summarize_level(concurrency, outcomes, duration)
+    if clients:
+        figures["client"] = client_figures(clients)
+    return figures, *window_problems(figures, outcomes, concurrency, p)
+
+
 def window_problems(
     figures: dict[str, Any], outcomes: list[Outcome], concurrency: int, p: BenchParams
 ) -> tuple[list[str], str | None]:
@@ -463,31 +510,68 @@ def window_problems(
 
 
 def client_saturated(figures: dict[str, Any]) -> str | None:
-    """Why the window timed the load generator rather than the server, or None."""
+    """Why the window timed the load generator rather than the server, or None: any of its
+    processes was (client_figures); the reason names the worst of those."""
     client = figures.get("client")
     if not client:
         return None
-    gap = figures["itl"].get("p50") or figures["tpot"].get("p50")
-    if client["busy"] < CLIENT_BUSY and client["late"] <= LATE_LIMIT:
+    each = client.get("per_process") or [client]
+    if not (over := [w for w, c in enumerate(each) if _saturated(c)]):
         return None
+    worst = max(over, key=lambda w: _strain(each[w]))
+    c = each[worst]
+    gap = figures["itl"].get("p50") or figures["tpot"].get("p50")
     against = f" (the token gaps it measured: {gap:.1f} ms median)" if gap is not None else ""
-    return (
-        f"{CLIENT_SATURATED}: its event loop used {client['busy']:.2f} of a core and was "
-        f"behind for {client['late']:.0%} of the window (up to {client['lag_max_ms']:.0f} ms "
-        f"late){against}; give it a core of its own (`cpus`) or "
-        "lower the concurrency"
+    lower = "lower the concurrency"
+    loop = (
+        f"its event loop used {c['busy']:.2f} of a core and was behind for {c['late']:.0%} "
+        f"of the window (up to {c['lag_max_ms']:.0f} ms late){against}"
     )
+    if len(each) == 1:
+        return f"{CLIENT_SATURATED}: {loop}; give it a core of its own (`cpus`) or {lower}"
+    return (
+        f"{CLIENT_SATURATED}: {len(over)} of its {len(each)} processes fell behind; the worst, "
+        f"process {worst + 1} of {len(each)} (pid {c['pid']}): {loop}; give it more cores "
+        f"(`cpus`, `client_processes`) or {lower}"
+    )
+
+
+def _saturated(client: Mapping[str, Any]) -> bool:
+    """One event loop's figures (ClientLoad.as_dict) past a limit: it timed itself."""
+    return bool(client["busy"] >= CLIENT_BUSY or client["late"] > LATE_LIMIT)
+
+
+def _strain(client: Mapping[str, Any]) -> float:
+    """How near one event loop came to a limit (1: at it): the worst of several is the most
+    strained."""
+    return float(max(client["busy"] / CLIENT_BUSY, client["late"] / LATE_LIMIT))
+
+
+def client_figures(loads: Sequence[ClientLoad]) -> dict[str, Any]:
+    """A window's `client` figures: its one process's; over several, the most strained one's
+    with `processes`, `worst` (its number, from 1) and each one's in `per_process`."""
+    if len(loads) == 1:
+        return loads[0].as_dict()
+    each = [{**load.as_dict(), "pid": load.pid} for load in loads]
+    worst = max(range(len(each)), key=lambda w: _strain(each[w]))
+    return {
+        **loads[worst].as_dict(),
+        "processes": len(loads),
+        "worst": worst + 1,
+        "per_process": each,
+    }
 
 
 @dataclass(frozen=True)
 class ClientLoad:
-    """The load generator's own load over a window."""
+    """The load generator's own load over a window (one of its processes')."""
 
     busy: float  # CPU time of the event loop's thread / the window's wall time
     late: float  # the sum of its wake-ups' lateness / the window's wall time
     lag_p50_ms: float  # how late the loop woke from its LAG_EVERY naps: median, p99, max
     lag_p99_ms: float
     lag_max_ms: float
+    pid: int | None = None  # a client process's (ClientPool); None: this process
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -572,15 +656,13 @@ class Windows:
         outcomes: list[Outcome],
         duration: float,
         spec: dict[str, Any] | None,
-        client: ClientLoad | None = None,
+        clients: Sequence[ClientLoad] = (),
     ) -> Measured | None:
-        """Judge window `number`: the level once its last windows agree, else None; a fault
-        that every window would show fails the level (TaskError)."""
+        """Judge window `number` (`clients`: each client process's load over it): the level
+        once its last windows agree, else None; a fault that every window would show fails
+        the level (TaskError)."""
         p, label = self.p, f"c={self.concurrency} window {number}"
-        figures = summarize_level(self.concurrency, outcomes, duration)
-        if client is not None:
-            figures["client"] = client.as_dict()
-        problems, fatal = window_problems(figures, outcomes, self.concurrency, p)
+        figures, problems, fatal = judge_window(self.concurrency, outcomes, duration, clients, p)
         if fatal:
             raise TaskError(f"c={self.concurrency}: {fatal}")
         if problems:
@@ -638,18 +720,23 @@ class Windows:
         return Measured(kept, self.rejected, False, self.unused_spec)
 
 
+Tally = Callable[[int, int], None]  # a window's answers so far: (requests done, output tokens)
+# One window of a level's load generator, by its label: every answer in request order, the
+# window's duration, and each client process's load over it.
+WindowRun = Callable[[str], Awaitable[tuple[list[Outcome], float, list[ClientLoad]]]]
+
+
 async def run_window(
     session: Any,
     target: Target,
-    prompts: list[Prompt],
+    todo: Sequence[Prompt],
     p: BenchParams,
     concurrency: int,
-    label: str,
-    progress: Callable[[str], None] | None = None,
+    tally: Tally | None = None,
     every: float = 10.0,
 ) -> tuple[list[Outcome], float, ClientLoad]:
-    """`requests` requests with at most `concurrency` in flight; every `every` seconds
-    `progress` hears how far it is (a window at concurrency 128 on a big model takes long).
+    """A request per prompt of `todo` with at most `concurrency` in flight; every `every`
+    seconds `tally` hears how far it is (a window at concurrency 128 on a big model takes long).
     Also how loaded the client itself was (LoopWatch)."""
     gate = asyncio.Semaphore(concurrency)
     done: list[Outcome] = []
@@ -661,25 +748,104 @@ async def run_window(
         return outcome
 
     async def report() -> None:
-        while progress is not None:
+        while tally is not None:
             await asyncio.sleep(every)
-            tokens = sum(o.output_tokens for o in done)
-            progress(
-                f"{label}: {len(done)}/{p.requests} requests done, "
-                f"{tokens / (time.perf_counter() - started):.1f} tok/s so far"
-            )
+            tally(len(done), sum(o.output_tokens for o in done))
 
     started = time.perf_counter()
     loop = LoopWatch()
     reporter, watcher = asyncio.create_task(report()), asyncio.create_task(loop.watch())
     try:
-        outcomes = await asyncio.gather(
-            *(limited(prompts[i % len(prompts)]) for i in range(p.requests))
-        )
+        outcomes = await asyncio.gather(*(limited(prompt) for prompt in todo))
     finally:
         reporter.cancel()
         watcher.cancel()
     return list(outcomes), time.perf_counter() - started, loop.result()
+
+
+def progress_line(label: str, done: int, total: int, tokens: int, elapsed: float) -> str:
+    return f"{label}: {done}/{total} requests done, {tokens / elapsed:.1f} tok/s so far"
+
+
+@contextlib.asynccontextmanager
+async def client_session(p: BenchParams, streams: int) -> AsyncIterator[Any]:
+    """An aiohttp session holding at most `streams` connections."""
+    import aiohttp
+
+    timeout = aiohttp.ClientTimeout(total=p.request_timeout)
+    connector = aiohttp.TCPConnector(limit=streams)
+    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
+        yield session
+
+
+async def warm_up(
+    session: Any, target: Target, warm: Sequence[Prompt], p: BenchParams, concurrency: int
+) -> None:
+    """The warm-up's requests, all at once; one failing fails the level."""
+    for outcome in await asyncio.gather(*(one_request(session, target, w, p) for w in warm)):
+        if not outcome.ok:
+            raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
+
+
+def client_processes(
+    setting: int | Literal["auto"], concurrency: int, requests: int, cpus: int
+) -> int:
+    """How many processes the load generator spreads a level over. auto: one per
+    STREAMS_PER_PROCESS streams begun (so one while the concurrency is at most that: in this
+    process, as before), at most `cpus` (the CPUs it may run on: more loops than cores would
+    share them, and one process saturated is a window refused). Never more than the streams or
+    the requests to share out: every process sends at least one of each."""
+    wanted = (
+        min(math.ceil(concurrency / STREAMS_PER_PROCESS), cpus) if setting == "auto" else setting
+    )
+    return max(1, min(wanted, concurrency, requests))
+
+
+def shares(total: int, n: int) -> list[int]:
+    """`total` shared out among `n`, the shares differing by at most one (the larger first, as
+    a list's [w::n] slices are)."""
+    return [total // n + (w < total % n) for w in range(n)]
+
+
+@contextlib.asynccontextmanager
+async def clients(
+    target: Target,
+    prompts: list[Prompt],
+    p: BenchParams,
+    concurrency: int,
+    progress: Callable[[str], None] | None = None,
+    every: float = 10.0,
+) -> AsyncIterator[WindowRun]:
+    """A level's load generator, warmed up: one window at a time, each of `requests`
+    requests, the prompts taken in turn. In this event loop, or, where `client_processes`
+    says several, in a ClientPool's processes (ended with the level, however it ends)."""
+    todo = [prompts[i % len(prompts)] for i in range(p.requests)]
+    cpus = sorted(os.sched_getaffinity(0))  # this thread's: after `cpus` pinning (pinned)
+    n = client_processes(p.client_processes, concurrency, p.requests, len(cpus))
+    # Each process warms its own session (its first request's one-off costs stay out of its
+    # windows): at least one warm-up request each, where there is a warm-up.
+    warm = [prompts[i % len(prompts)] for i in range(max(p.warmup, n) if p.warmup else 0)]
+    if n > 1:
+        async with ClientPool(n, target, todo, warm, p, concurrency, cpus) as pool:
+            yield lambda label: pool.window(label, progress, every)
+        return
+    async with client_session(p, concurrency) as session:
+        await warm_up(session, target, warm, p, concurrency)
+
+        async def window(label: str) -> tuple[list[Outcome], float, list[ClientLoad]]:
+            started = time.perf_counter()
+
+            def tally(done: int, tokens: int) -> None:
+                if progress is not None:
+                    elapsed = time.perf_counter() - started
+                    progress(progress_line(label, done, len(todo), tokens, elapsed))
+
+            outcomes, duration, load = await run_window(
+                session, target, todo, p, concurrency, tally if progress else None, every
+            )
+            return outcomes, duration, [load]
+
+        yield window
 
 
 async def measure_level(
@@ -692,31 +858,254 @@ async def measure_level(
     every: float = 10.0,
 ) -> Measured:
     """Warm-up, then windows until the last `min_windows` agree or `max_windows` were run."""
-    import aiohttp
-
-    timeout = aiohttp.ClientTimeout(total=p.request_timeout)
-    connector = aiohttp.TCPConnector(limit=concurrency)
     level = Windows(concurrency, p, progress)
-    async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
-        warm = [one_request(session, target, prompts[i % len(prompts)], p) for i in range(p.warmup)]
-        for outcome in await asyncio.gather(*warm):
-            if not outcome.ok:
-                raise TaskError(f"warm-up request failed at c={concurrency}: {outcome.error}")
+    async with clients(target, prompts, p, concurrency, progress, every) as window:
         for number in range(1, p.max_windows + 1):
-            label = f"c={concurrency} window {number}"
             scrape = target.api == "openai"  # vLLM's counters; SGLang's come per request
             before = await asyncio.to_thread(_counters, target.url) if scrape else {}
-            outcomes, duration, client = await run_window(
-                session, target, prompts, p, concurrency, label, progress, every
-            )
+            outcomes, duration, loads = await window(f"c={concurrency} window {number}")
             if target.api == "sglang":
                 spec = sglang_acceptance(outcomes, k)
             else:
                 after = await asyncio.to_thread(_counters, target.url) if before else {}
                 spec = vllm_acceptance(before, after) if before else None
-            if (measured := level.add(number, outcomes, duration, spec, client)) is not None:
+            if (measured := level.add(number, outcomes, duration, spec, loads)) is not None:
                 return measured
     return level.end()
+
+
+# --- the client over several processes -----------------------------------------------------------
+
+
+@dataclass
+class ClientJob:
+    """What one client process is given for a level (pickled to it)."""
+
+    target: Target
+    todo: list[Prompt]  # its share of every window's requests, in their order
+    warm: list[Prompt]  # its share of the warm-up
+    p: BenchParams
+    streams: int  # its share of the concurrency
+    concurrency: int  # the level's
+    cpus: list[int]  # where it runs: the client's CPUs (`cpus`), as the parent's
+
+
+# A client process is a fresh interpreter (fork + exec, as subprocess starts any program): never
+# a fork of this process, which may have threads (orch's own, aiohttp's resolver); and unlike
+# multiprocessing's spawn or forkserver, nothing else is started (a resource tracker, a fork
+# server) that would outlive the level. It talks to its parent over a socket pair, in pickles.
+CLIENT_PROCESS = (
+    "import sys; sys.path.insert(0, {root!r}); "
+    "from tasks.loadgen import client_process; client_process(int(sys.argv[1]))"
+)
+
+
+class ClientPool:
+    """A level's load generator spread over `n` processes, kept for the level: each warms up,
+    then runs its share of every window from the instant it is sent (CLOCK_MONOTONIC), and
+    answers with its outcomes, when it ended and its ClientLoad. Ended on leaving, however the
+    level ends (told to stop; on an error or interrupt, terminated); one that dies fails the
+    level."""
+
+    def __init__(
+        self,
+        n: int,
+        target: Target,
+        todo: list[Prompt],
+        warm: list[Prompt],
+        p: BenchParams,
+        concurrency: int,
+        cpus: list[int],
+    ) -> None:
+        self.n, self.todo, self.concurrency = n, todo, concurrency
+        streams = shares(concurrency, n)
+        self.jobs = [
+            ClientJob(target, todo[w::n], warm[w::n], p, streams[w], concurrency, cpus)
+            for w in range(n)
+        ]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        self.conns: list[Connection] = []
+
+    async def __aenter__(self) -> ClientPool:
+        try:
+            code = CLIENT_PROCESS.format(root=str(Path(__file__).resolve().parent.parent))
+            for _ in range(self.n):
+                ours, theirs = socket.socketpair()
+                with theirs:
+                    self.procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-P", "-c", code, str(theirs.fileno())],
+                            pass_fds=[theirs.fileno()],
+                            stdin=subprocess.DEVNULL,
+                        )
+                    )
+                self.conns.append(Connection(ours.detach()))
+            for conn, job in zip(self.conns, self.jobs, strict=True):  # all started: no waits
+                conn.send(job)
+            await self._answers("ready")
+        except BaseException:
+            self.end(graceful=False)
+            raise
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.end(graceful=exc[0] is None)
+
+    async def window(
+        self, label: str, progress: Callable[[str], None] | None, every: float
+    ) -> tuple[list[Outcome], float, list[ClientLoad]]:
+        start = time.monotonic() + START_MARGIN
+        for conn in self.conns:
+            conn.send((start, every if progress else None))
+        # A progress line once every process still at it has told how far it is: their
+        # tallies come every `every` s from the same instant.
+        tallies, told, finished = [(0, 0)] * self.n, set[int](), set[int]()
+
+        def heard(w: int, said: str, what: list[Any]) -> None:
+            if said == "tally":
+                tallies[w] = (what[0], what[1])
+            else:
+                tallies[w] = (len(what[0]), sum(o.output_tokens for o in what[0]))
+                finished.add(w)
+            told.add(w)
+            if progress is not None and said == "tally" and len(told | finished) == self.n:
+                done, tokens = (sum(x) for x in zip(*tallies, strict=True))
+                elapsed = time.monotonic() - start
+                progress(progress_line(label, done, len(self.todo), tokens, elapsed))
+                told.clear()
+
+        answers = await self._answers("window", heard)
+        # Each process sent the requests todo[w::n]: interleaved back, they are in order.
+        rows = itertools.zip_longest(*(a[0] for a in answers))
+        outcomes = [o for row in rows for o in row if o is not None]
+        loads = [replace(a[2], pid=proc.pid) for a, proc in zip(answers, self.procs, strict=True)]
+        return outcomes, max(a[1] for a in answers) - start, loads
+
+    async def _answers(
+        self, kind: str, heard: Callable[[int, str, list[Any]], None] | None = None
+    ) -> list[Any]:
+        """Every process's next answer of `kind`; `heard` hears it, and the tallies sent on
+        the way. A process that failed or died fails the level."""
+        got: dict[int, Any] = {}
+        while len(got) < self.n:
+            waiting = [c for w, c in enumerate(self.conns) if w not in got]
+            await _readable(waiting)
+            ready = wait(waiting, 0)
+            for w in [w for w, c in enumerate(self.conns) if c in ready]:
+                try:
+                    said, *what = self.conns[w].recv()
+                except (EOFError, OSError):
+                    raise TaskError(self._died(w)) from None
+                if said == "failed":
+                    why, expected = what
+                    if expected:
+                        raise TaskError(why)
+                    raise RuntimeError(f"client process {w + 1} of {self.n} failed: {why}")
+                if said == kind:
+                    got[w] = what
+                if heard is not None:
+                    heard(w, said, what)
+        return [got[w] for w in range(self.n)]
+
+    def _died(self, w: int) -> str:
+        proc = self.procs[w]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=2)
+        return (
+            f"c={self.concurrency}: client process {w + 1} of {self.n} (pid {proc.pid}) "
+            f"ended mid-level (exit status {proc.returncode})"
+        )
+
+    def end(self, graceful: bool) -> None:
+        """Every process ended and reaped: told to stop (graceful), else terminated; killed if
+        it has not ended within a few seconds."""
+        for conn in self.conns:
+            with contextlib.suppress(OSError):
+                if graceful:
+                    conn.send(None)
+                conn.close()  # a process waiting or mid-window sees it closed, and ends
+        for proc in self.procs:
+            if not graceful:
+                proc.terminate()
+        deadline = time.monotonic() + 5
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+async def _readable(conns: Sequence[Connection]) -> None:
+    """Until one of `conns` can be read (a message, or its other end closed), with the event
+    loop free meanwhile (no thread)."""
+    loop = asyncio.get_running_loop()
+    ready = loop.create_future()
+
+    def wake() -> None:
+        if not ready.done():
+            ready.set_result(None)
+
+    for conn in conns:
+        loop.add_reader(conn.fileno(), wake)
+    try:
+        await ready
+    finally:
+        for conn in conns:
+            loop.remove_reader(conn.fileno())
+
+
+def client_process(fd: int) -> None:
+    """A client process of a ClientPool: its ClientJob, then a window at each instant it is
+    sent, until told to stop or its parent is gone (its end of the socket closed)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the group: the parent ends us
+    conn = Connection(fd)
+    try:
+        job: ClientJob = conn.recv()
+        os.sched_setaffinity(0, job.cpus)
+        asyncio.run(_client_windows(conn, job))
+    except (EOFError, ConnectionError, asyncio.CancelledError):
+        pass  # the parent is gone, and the level with it
+    except TaskError as exc:
+        with contextlib.suppress(OSError):
+            conn.send(("failed", str(exc), True))
+    except Exception:
+        with contextlib.suppress(OSError):
+            conn.send(("failed", traceback.format_exc(), False))
+
+
+async def _client_windows(conn: Connection, job: ClientJob) -> None:
+    loop = asyncio.get_running_loop()
+    async with client_session(job.p, job.streams) as session:
+        await warm_up(session, job.target, job.warm, job.p, job.concurrency)
+        conn.send(("ready",))
+        while True:
+            await _readable([conn])
+            if (sent := conn.recv()) is None:
+                return
+            start, every = sent
+            await asyncio.sleep(start - time.monotonic())
+
+            def tally(done: int, tokens: int) -> None:
+                conn.send(("tally", done, tokens))
+
+            window = asyncio.ensure_future(
+                run_window(
+                    session,
+                    job.target,
+                    job.todo,
+                    job.p,
+                    job.streams,
+                    tally if every else None,
+                    every or 10.0,
+                )
+            )
+            loop.add_reader(conn.fileno(), window.cancel)  # mid-window only its parent's end
+            try:
+                outcomes, _, load = await window
+            finally:
+                loop.remove_reader(conn.fileno())
+            conn.send(("window", outcomes, time.monotonic(), load))
 
 
 def merge_windows(concurrency: int, measured: Measured) -> dict[str, Any]:
