@@ -15,6 +15,18 @@ tree others are editing. `--copy --git HEAD --with tests/new_test.py` copies the
 instead (so others' half-done edits cannot break the baseline) with the named files laid over.
 Test files that set PYTHONPATH for `orch` themselves (instead of adding to it) make it import
 the original tree, not the copy: their results do not count for the mutant.
+
+`--covered` (the way to measure a big module) first runs the test files once with a line
+tracer on the module, in the tests' process and in every Python process they start (a
+sitecustomize on PYTHONPATH for that run only), and records which tests run which of its
+lines. Each mutant then runs only the tests that run its line, fastest first; a line that only
+runs at import (a default value, a class attribute) gets every test; a line that no test runs
+is a survivor without a run (`--run-uncovered`: it gets every test). A process killed before
+it exits, or started with an environment of its own (no PYTHONPATH to the tracer), leaves no
+trace, so a line that only such a process runs counts as not covered: the score can only come
+out lower for it.
+`--jobs N` mutates N copies of the tree at once (tests that share a fixed resource, a port or
+a cgroup, must not: keep 1 for those).
 """
 
 from __future__ import annotations
@@ -22,14 +34,17 @@ from __future__ import annotations
 import argparse
 import ast
 import io
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import tokenize
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,23 +140,29 @@ def mutants(source: str) -> list[Mutant]:
     return ok
 
 
-def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[str, str]:
-    """('pass' | 'fail' | 'timeout', the output's tail) for the test files, run from `root`."""
+def run_tests(
+    root: Path, tests: list[str], timeout: float, extra: dict[str, str] | None = None
+) -> tuple[str, str]:
+    """('pass' | 'fail' | 'timeout', the output's tail) for the tests (files or node ids), run
+    from `root`; `extra`: environment added (the tracer's, for the coverage run)."""
     # ORCH_TEST_SHARED_TMP: a verdict on the mutant, not on /tmp, which other work shares.
     env = {
         **os.environ,
         "PYTHONPATH": str(root),
         "PYTHONDONTWRITEBYTECODE": "1",
         "ORCH_TEST_SHARED_TMP": "1",
+        **(extra or {}),
     }
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+    plugin = ["-p", PLUGIN] if extra else []
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *plugin, *tests]
     with tempfile.TemporaryFile() as out:
         # A session of its own: a timed-out pytest is ended with everything it started.
         proc = subprocess.Popen(
             cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
         try:
-            verdict = "pass" if proc.wait(timeout=timeout) == 0 else "fail"
+            code = proc.wait(timeout=timeout)
+            verdict = "pass" if code == 0 else "unrunnable" if code in (4, 5) else "fail"
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
@@ -150,45 +171,212 @@ def run_tests(root: Path, tests: list[str], timeout: float) -> tuple[str, str]:
         return verdict, out.read()[-3000:].decode(errors="replace")
 
 
-def probe(root: Path, module: str, tests: list[str], timeout: float, limit: int | None) -> int:
+# The tracer of the coverage run: a pytest plugin in the tests' process, and a sitecustomize in
+# every Python process they start (both find it through PYTHONPATH). Lines of MUTPROBE_TARGET
+# are recorded under the test running then (MUTPROBE_TEST, inherited by its processes), or
+# "<import>" outside any test; each process writes its own JSON file into MUTPROBE_OUT at exit.
+TRACER = "_mutprobe_tracer"
+BASELINE_TIMEOUT = 1800.0  # seconds for the whole test files, unmutated
+TRACER_SOURCE = """
+import atexit, json, os, sys, threading, time
+
+TARGET = os.environ["MUTPROBE_TARGET"]
+hits = {}
+current = [os.environ.get("MUTPROBE_TEST", "<import>")]
+durations = {}
+ours = {}  # code object -> is it the target's (co_filename compared once per code object)
+
+
+def _line(frame, event, arg):
+    if event == "line":
+        hits.setdefault(current[0], set()).add(frame.f_lineno)
+    return _line
+
+
+def _call(frame, event, arg):
+    code = frame.f_code
+    mine = ours.get(code)
+    if mine is None:
+        mine = ours[code] = os.path.realpath(code.co_filename) == TARGET
+    if not mine:
+        return None
+    hits.setdefault(current[0], set()).add(frame.f_lineno)
+    return _line
+
+
+def _dump():
+    sys.settrace(None)
+    out = os.path.join(os.environ["MUTPROBE_OUT"], f"{os.getpid()}-{time.time_ns()}.json")
+    with open(out, "w") as f:
+        json.dump({"hits": {k: sorted(v) for k, v in hits.items()}, "durations": durations}, f)
+
+
+if not getattr(sys, "_mutprobe_tracing", False):
+    sys._mutprobe_tracing = True
+    sys.settrace(_call)
+    threading.settrace(_call)
+    atexit.register(_dump)
+
+"""
+# The pytest side, a module of its own: pytest refuses a plugin imported before it starts.
+PLUGIN = "_mutprobe_plugin"
+PLUGIN_SOURCE = f"""
+import os, time
+import pytest
+from {TRACER} import current, durations
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    current[0] = os.environ["MUTPROBE_TEST"] = item.nodeid
+    started = time.perf_counter()
+    try:
+        return (yield)
+    finally:
+        durations[item.nodeid] = time.perf_counter() - started
+        current[0] = os.environ["MUTPROBE_TEST"] = "<import>"
+"""
+
+
+@dataclass
+class Coverage:
+    """Which tests run which lines of the module, and how long each test took."""
+
+    lines: dict[str, set[int]]  # node id -> the module's lines it ran
+    at_import: set[int]  # lines run outside any test: at import, or by a fixture between
+    durations: dict[str, float]
+
+    def tests_for(self, line: int) -> list[str]:
+        """The tests that run `line`, fastest first. A `def` line runs at import and again at
+        each call (its defaults matter there): the tests that call it. A line run only at
+        import (a constant, a class attribute): every test."""
+        chosen = [t for t, lines in self.lines.items() if line in lines]
+        if not chosen and line in self.at_import:
+            chosen = list(self.durations)
+        return sorted(chosen, key=lambda t: self.durations.get(t, 0.0))
+
+
+def measure_coverage(root: Path, module: str, tests: list[str], timeout: float) -> Coverage:
+    """Run the tests once, traced (see TRACER_SOURCE), and gather what every process saw."""
+    with tempfile.TemporaryDirectory(prefix="mutprobe-cov-") as folder:
+        home, out = Path(folder, "path"), Path(folder, "out")
+        home.mkdir()
+        out.mkdir()
+        (home / f"{TRACER}.py").write_text(TRACER_SOURCE)
+        (home / f"{PLUGIN}.py").write_text(PLUGIN_SOURCE)
+        (home / "sitecustomize.py").write_text(f"import {TRACER}\n")
+        extra = {
+            "PYTHONPATH": f"{home}{os.pathsep}{root}",
+            "MUTPROBE_TARGET": os.path.realpath(root / module),
+            "MUTPROBE_OUT": str(out),
+        }
+        verdict, output = run_tests(root, tests, BASELINE_TIMEOUT * 3, extra)
+        if verdict != "pass":  # a timing test may fail traced: the map still stands
+            print(f"note: the traced run did not pass ({verdict}):\n{output[-800:]}")
+        lines: dict[str, set[int]] = {}
+        durations: dict[str, float] = {}
+        for dump in out.glob("*.json"):
+            try:
+                data = json.loads(dump.read_text())
+            except ValueError:
+                continue  # a process ended while writing it
+            for test, hit in data["hits"].items():
+                lines.setdefault(test, set()).update(hit)
+            durations.update(data["durations"])
+    at_import = lines.pop("<import>", set())
+    return Coverage({t: v for t, v in lines.items() if t in durations}, at_import, durations)
+
+
+def probe(
+    root: Path,
+    module: str,
+    tests: list[str],
+    timeout: float,
+    limit: int | None,
+    covered: bool = False,
+    jobs: int = 1,
+    run_uncovered: bool = False,
+) -> int:
     path = root / module
     original = path.read_text()
     lines = original.splitlines(keepends=True)
     todo = mutants(original)[:limit]
-    pyc = path.parent / "__pycache__"
-    verdict, output = run_tests(root, tests, timeout)
+    # The whole files once, unmutated: they must pass (a mutant's tests are fewer, with -x).
+    verdict, output = run_tests(root, tests, BASELINE_TIMEOUT)
     if verdict != "pass":
         print(
             f"{output}\nthe tests {verdict} on the unmutated code: nothing to measure",
             file=sys.stderr,
         )
         return 2
-    caught, survivors, started = 0, [], time.monotonic()
-    for n, m in enumerate(todo, 1):
-        try:
-            path.write_text("".join(m.apply(lines)))
-            shutil.rmtree(pyc, ignore_errors=True)  # a same-size edit in the same second
-            verdict, _ = run_tests(root, tests, timeout)
-        finally:
-            path.write_text(original)
-        if verdict == "pass":
-            survivors.append(m)
-            where = f"{module}:{m.line}:{m.col + 1}"
-            print(f"  survived {where}: {m.describe()}  | {lines[m.line - 1].strip()}")
+    started = time.monotonic()
+    coverage = measure_coverage(root, module, tests, timeout) if covered else None
+    if coverage is not None:
+        print(
+            f"coverage: {len(coverage.durations)} tests, {len(coverage.at_import)} lines run at "
+            f"import, {time.monotonic() - started:.0f}s",
+            file=sys.stderr,
+        )
+    trees = [root] + [_copy_tree(root, root.parent / f"{root.name}.{i}") for i in range(1, jobs)]
+    free = list(trees)
+    lock = threading.Lock()
+    results: list[tuple[Mutant, str]] = []
+
+    def one(m: Mutant) -> None:
+        chosen = coverage.tests_for(m.line) if coverage is not None else tests
+        if not chosen and run_uncovered:
+            chosen = tests
+        if not chosen:
+            verdict = "uncovered"
         else:
-            caught += 1
-        print(f"[{n}/{len(todo)}] {verdict}", file=sys.stderr, flush=True)
-    shutil.rmtree(pyc, ignore_errors=True)
-    total = len(todo)
+            with lock:
+                tree = free.pop()
+            target = tree / module
+            try:
+                target.write_text("".join(m.apply(lines)))
+                shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
+                verdict, _ = run_tests(tree, chosen, timeout)
+                if verdict == "unrunnable":  # node ids pytest cannot take back: the files
+                    verdict, _ = run_tests(tree, tests, timeout)
+            finally:
+                target.write_text(original)
+                with lock:
+                    free.append(tree)
+        with lock:
+            results.append((m, verdict))
+            where = f"{module}:{m.line}:{m.col + 1}"
+            if verdict in ("pass", "uncovered"):
+                note = " (no test runs this line)" if verdict == "uncovered" else ""
+                print(f"  survived {where}: {m.describe()}{note}  | {lines[m.line - 1].strip()}")
+            print(f"[{len(results)}/{len(todo)}] {verdict}", file=sys.stderr, flush=True)
+
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(one, todo))
+    finally:
+        for tree in trees[1:]:
+            shutil.rmtree(tree, ignore_errors=True)
+        shutil.rmtree(path.parent / "__pycache__", ignore_errors=True)
+    survived = [m for m, v in results if v in ("pass", "uncovered")]
+    uncovered = sum(v == "uncovered" for _, v in results)
+    caught, total = len(results) - len(survived), len(todo)
     pct = 100.0 * caught / total if total else 100.0
     print(
-        f"{module}: {caught}/{total} caught ({pct:.0f}%), {len(survivors)} survived, "
-        f"{time.monotonic() - started:.0f}s"
+        f"{module}: {caught}/{total} caught ({pct:.0f}%), {len(survived)} survived "
+        f"({uncovered} on lines no test runs), {time.monotonic() - started:.0f}s"
     )
     return 0
 
 
+def _copy_tree(source: Path, to: Path) -> Path:
+    shutil.copytree(source, to, ignore=COPY_IGNORE)
+    return to
+
+
 def main() -> int:
+    # Started in the background (`&`), this process inherits SIGINT ignored, and so would the
+    # tests: a test that interrupts itself would wait instead. A handler is reset on exec.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("module", help="path of the module, relative to the tree's root")
     ap.add_argument("tests", nargs="+", help="the covering test files")
@@ -215,7 +403,22 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant's tests")
     ap.add_argument("--limit", type=int, default=None, help="only the first N mutants")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
+    ap.add_argument(
+        "--covered",
+        action="store_true",
+        help="trace the tests once; run each mutant against the tests that run its line",
+    )
+    ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once (tree copies)")
+    ap.add_argument(
+        "--run-uncovered",
+        action="store_true",
+        help="with --covered: a mutant on a line no traced process ran gets every test (its "
+        "tests may run it in a process the tracer cannot reach: one started with a clean "
+        "environment), instead of counting as a survivor unrun",
+    )
     a = ap.parse_args()
+    if a.jobs > 1 and not a.copy:
+        ap.error("--jobs N mutates copies of the tree: give --copy too")
     if not (a.root / a.module).is_file():
         ap.error(f"no module {a.module} under {a.root}")
     if a.list:
@@ -223,8 +426,9 @@ def main() -> int:
         for m in mutants((a.root / a.module).read_text()):
             print(f"{a.module}:{m.line}: {m.describe()}  | {lines[m.line - 1].strip()}")
         return 0
+    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered)
     if not a.copy:
-        return probe(a.root, a.module, a.tests, a.timeout, a.limit)
+        return probe(a.root, a.module, a.tests, *options)
     scratch = Path(tempfile.mkdtemp(prefix="mutprobe-"))
     try:
         tree = scratch / "tree"
@@ -239,7 +443,7 @@ def main() -> int:
                 shutil.copy2(a.root / f, tree / f)
         else:
             shutil.copytree(a.root, tree, ignore=COPY_IGNORE)
-        return probe(tree, a.module, a.tests, a.timeout, a.limit)
+        return probe(tree, a.module, a.tests, *options)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
 

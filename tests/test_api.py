@@ -90,10 +90,16 @@ def test_sigint_mid_run_is_an_interrupted_outcome_with_the_task_recorded(pdir: P
         tasks:
           - {{id: slow, kind: shell, params: {{command: "touch {go}; sleep 60"}}}}
     """)
-    timer = threading.Thread(target=_interrupt_when, args=(go,), daemon=True)
-    timer.start()
-    summary = Runbook(plan).run(RunRequest(), console="critical")
-    timer.join()
+    # A front end has Python's Ctrl-C handler; a pytest started in the background (`&` in a
+    # script) inherits SIGINT ignored, and the kill below would do nothing but wait 60 s.
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        timer = threading.Thread(target=_interrupt_when, args=(go,), daemon=True)
+        timer.start()
+        summary = Runbook(plan).run(RunRequest(), console="critical")
+        timer.join()
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert (summary.outcome, summary.exit_code) == ("interrupted", 130)
     assert pdir.status_of("slow") == "interrupted"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -13,7 +13,7 @@ import pytest
 from orchestrator.core.errors import StoreError
 from orchestrator.core.findings import Finding
 from orchestrator.core.status import ALLOWED, Status
-from orchestrator.store.db import Store
+from orchestrator.store.db import Store, fault_message
 from orchestrator.store.liveness import current_identity
 from orchestrator.store.schema import SCHEMA_VERSION
 
@@ -218,3 +218,77 @@ def test_why_a_task_did_not_start_is_noted_on_pending_plan_tasks_only(store: Sto
     assert reasons["b"] == "the run stopped after a failure"
     assert reasons["a"] == store.todo("a")["reason"] != "the run stopped after a failure"
     assert store.todo("c")["reason"] == "armed"
+
+
+# --- what an SQLite error on the store tells the user (fault_message), from real errors ------
+
+
+def _error_of(action: Callable[[], object]) -> sqlite3.Error:
+    with pytest.raises(sqlite3.Error) as caught:
+        action()
+    return caught.value
+
+
+def test_each_kind_of_sqlite_error_is_told_as_what_to_do(tmp_path: Path) -> None:
+    """Each error SQLite raises on a store names the file and what to do about it: provoked
+    for real (a read-only connection written, a write lock held, a folder that is not there,
+    a file that is not a database), and a text column that is not UTF-8."""
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    readonly = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    writer = sqlite3.connect(path, timeout=0)
+    holder = sqlite3.connect(path, isolation_level=None)
+    try:
+        told = {
+            "readonly": _error_of(lambda: readonly.execute("DELETE FROM meta")),
+            "busy": _error_of(
+                lambda: (holder.execute("BEGIN EXCLUSIVE"), writer.execute("DELETE FROM meta"))
+            ),
+            "cantopen": _error_of(
+                lambda: sqlite3.connect(f"file:{tmp_path}/no/s.db?mode=rw", uri=True)
+            ),
+        }
+    finally:
+        for conn in (readonly, writer, holder):
+            conn.close()
+    (tmp_path / "junk.db").write_bytes(b"x" * 4096)
+    junk = sqlite3.connect(tmp_path / "junk.db")
+    told["notadb"] = _error_of(lambda: junk.execute("SELECT * FROM sqlite_master"))
+    junk.close()
+    messages = {kind: fault_message(path, exc) for kind, exc in told.items()}
+    assert (
+        messages["readonly"]
+        == f"{path} is read-only: `orch run` must write it (use another --store)"
+    )
+    assert messages["busy"].startswith(f"{path} stayed locked by another process for 10 s: ")
+    assert messages["cantopen"].startswith(f"{path} cannot be read or written (")
+    assert messages["cantopen"].endswith("): check the disk and its permissions")
+    assert messages["notadb"].startswith(f"{path} is damaged (file is not a database): ")
+    assert "restore a backup" in messages["notadb"]
+    undecodable = UnicodeDecodeError("utf-8", b"ok \xff", 3, 4, "invalid start byte")
+    assert fault_message(path, undecodable) == (
+        f"{path} is damaged (ok \ufffd): move it aside to start over (every task runs again), "
+        "or restore a backup"
+    )
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder"])
+def test_what_cannot_be_a_store_is_refused_before_it_is_opened(tmp_path: Path, kind: str) -> None:
+    """A FIFO would block the open forever, and a folder is no file: each is named."""
+    import os
+
+    path = tmp_path / "s.db"
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    what = r"a FIFO \(named pipe\)" if kind == "fifo" else "a folder"
+    with pytest.raises(StoreError, match=rf"^{path} is {what}, not an orch store"):
+        Store.open(path, create=False)
+
+
+def test_a_store_gone_before_its_header_is_read_is_a_clear_error(tmp_path: Path) -> None:
+    """A peek finds nothing there (a store removed since the caller looked): a StoreError that
+    says so, which the callers of a peek take as "cannot tell"."""
+    with pytest.raises(StoreError, match=r"s\.db cannot be read: No such file or directory$"):
+        Store.peek(tmp_path / "s.db")

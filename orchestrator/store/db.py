@@ -218,9 +218,7 @@ def _check_file(path: Path) -> None:
                 return
             with path.open("rb") as f:
                 header = f.read(100)
-    except IsADirectoryError:
-        raise StoreError(f"{path} is a folder, not an orch store") from None
-    except OSError as exc:
+    except OSError as exc:  # gone, or turned into a folder, since not_a_file looked
         raise StoreError(f"{path} cannot be read: {exc.strerror}") from None
     if size == 0:
         raise StoreError(f"{path} is empty (0 bytes), not a new store: " + _RESTORE)
