@@ -44,6 +44,7 @@ import tempfile
 import threading
 import time
 import tokenize
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -246,14 +247,17 @@ class Coverage:
     at_import: set[int]  # lines run outside any test: at import, or by a fixture between
     durations: dict[str, float]
 
-    def tests_for(self, line: int) -> list[str]:
+    def tests_for(self, line: int, kills: Counter[str] | None = None) -> list[str]:
         """The tests that run `line`, fastest first. A `def` line runs at import and again at
         each call (its defaults matter there): the tests that call it. A line run only at
         import (a constant, a class attribute): every test."""
         chosen = [t for t, lines in self.lines.items() if line in lines]
         if not chosen and line in self.at_import:
             chosen = list(self.durations)
-        return sorted(chosen, key=lambda t: self.durations.get(t, 0.0))
+        # The tests that caught most mutants so far first (a mutant's neighbours fall to the
+        # same test), then the fastest: a caught mutant costs one failing test, with -x.
+        kills = kills or Counter()
+        return sorted(chosen, key=lambda t: (-kills[t], self.durations.get(t, 0.0)))
 
 
 def measure_coverage(root: Path, module: str, tests: list[str], timeout: float) -> Coverage:
@@ -321,9 +325,10 @@ def probe(
     free = list(trees)
     lock = threading.Lock()
     results: list[tuple[Mutant, str]] = []
+    kills: Counter[str] = Counter()  # test -> mutants it caught
 
     def one(m: Mutant) -> None:
-        chosen = coverage.tests_for(m.line) if coverage is not None else tests
+        chosen = coverage.tests_for(m.line, kills) if coverage is not None else tests
         if not chosen and run_uncovered:
             chosen = tests
         if not chosen:
@@ -335,15 +340,19 @@ def probe(
             try:
                 target.write_text("".join(m.apply(lines)))
                 shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
-                verdict, _ = run_tests(tree, chosen, timeout)
+                verdict, output = run_tests(tree, chosen, timeout)
                 if verdict == "unrunnable":  # node ids pytest cannot take back: the files
-                    verdict, _ = run_tests(tree, tests, timeout)
+                    verdict, output = run_tests(tree, tests, timeout)
             finally:
                 target.write_text(original)
                 with lock:
                     free.append(tree)
         with lock:
             results.append((m, verdict))
+            if verdict == "fail":  # -ra's summary names the test that caught it
+                for line in output.splitlines():
+                    if line.startswith(("FAILED ", "ERROR ")):
+                        kills[line.split()[1]] += 1
             where = f"{module}:{m.line}:{m.col + 1}"
             if verdict in ("pass", "uncovered"):
                 note = " (no test runs this line)" if verdict == "uncovered" else ""
