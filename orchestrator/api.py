@@ -19,10 +19,9 @@ from __future__ import annotations
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orchestrator.core.errors import (
     EXIT_INTERRUPTED,
@@ -47,8 +46,7 @@ Event = dict[str, Any]  # one of `orch events --json`'s objects (views/events.py
 EVENT_POLL_S = 0.25
 
 
-@dataclass(frozen=True)
-class RunRequest:
+class RunRequest(NamedTuple):
     """What to run: by default every task not done, resuming after what completed."""
 
     rerun: Sequence[str] = ()  # these and what depends on them, even if completed
@@ -64,8 +62,10 @@ class RunRequest:
         return bool(self.rerun or self.from_task or self.only)
 
 
-@dataclass(frozen=True)
-class RunSummary:
+RESUME = RunRequest()  # every task not done, resuming after what completed (immutable)
+
+
+class RunSummary(NamedTuple):
     """How a run ended. `run_id` is None when no run was recorded: the plan was finished
     already (`nothing_to_do`) or a rollback found nothing to undo."""
 
@@ -200,7 +200,7 @@ class Runbook:
         )
         return path
 
-    def dry_run(self, request: RunRequest = RunRequest()) -> list[dict[str, Any]]:
+    def dry_run(self, request: RunRequest = RESUME) -> list[dict[str, Any]]:
         """What `run(request)` would run, skip or find stale, and why. Changes nothing."""
         from orchestrator.run.dryrun import dry_run
 
@@ -233,7 +233,7 @@ class Runbook:
 
     def run(
         self,
-        request: RunRequest = RunRequest(),
+        request: RunRequest = RESUME,
         *,
         console: str = "info",
         argv: Sequence[str] | None = None,
@@ -260,7 +260,7 @@ class Runbook:
     ) -> RunSummary:
         """Run the armed compensations (the latest armed first), then the armed `finally`
         tasks; what they undo is pending again. Nothing else runs."""
-        return self._execute(RunRequest(), console, argv, on_event, rollback=True)
+        return self._execute(RESUME, console, argv, on_event, rollback=True)
 
     def _execute(
         self,

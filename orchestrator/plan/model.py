@@ -15,7 +15,7 @@ import json
 import os
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
@@ -459,7 +459,7 @@ def _load_plan(
         # One cause can surface on two paths; a secret's value is never shown (`sk BAD-5555x`
         # refused as a shell word is named, not printed).
         hide = masking(variables[name] for name in secrets if name in variables)
-        raise PlanError([replace(i, message=hide(i.message)) for i in dict.fromkeys(issues)])
+        raise PlanError([i._replace(message=hide(i.message)) for i in dict.fromkeys(issues)])
 
     ordered = [planned[task_id] for task_id in order]  # no issues: every task is in both
     for position, t in enumerate([*ordered, *guards]):  # guards listed after the flow

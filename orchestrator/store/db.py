@@ -34,7 +34,6 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import quote
@@ -102,8 +101,7 @@ _FRESH: dict[str, Any] = dict.fromkeys(
 _STATUSES: dict[str | None, Status | None] = {None: None, **{s.value: s for s in Status}}
 
 
-@dataclass(frozen=True)
-class TodoSpec:
+class TodoSpec(NamedTuple):
     """What the plan says about a task, as the store keeps it."""
 
     id: str
@@ -119,8 +117,7 @@ class TodoSpec:
     protects: str | None = None  # the task a compensation undoes
 
 
-@dataclass(frozen=True)
-class GuardChange:
+class GuardChange(NamedTuple):
     """What a transition does to compensations and `finally` tasks, in its own transaction:
     `arm` them (the protected task completed; a run began its work), `disarm` one (it ran),
     and `undo`: the task a compensation undid is pending again, so the next run redoes it."""
@@ -131,8 +128,7 @@ class GuardChange:
     undo: str | None = None
 
 
-@dataclass(frozen=True)
-class RunIdentity:
+class RunIdentity(NamedTuple):
     """Who runs: enough to tell later, from another process, whether it is still alive."""
 
     pid: int

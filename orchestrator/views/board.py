@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from orchestrator.core.durations import format_duration
 from orchestrator.core.findings import Finding, summarize
@@ -81,8 +80,7 @@ def counts(rows: Sequence[TodoRow]) -> dict[str, int]:
     return out
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(NamedTuple):
     """What a board shows: a store's tasks, their findings, its latest run and what is stale
     (None: not computed). views/snapshot.py takes one from a store."""
 

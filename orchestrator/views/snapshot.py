@@ -8,7 +8,6 @@ run's task as running.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,7 +36,7 @@ def take(
 
             ran = plan_as_run(plan, store)
             found = stale_of(ran, snap.rows, store.done_marks(), store.findings_as_of)
-            snap = replace(snap, stale=found)
+            snap = snap._replace(stale=found)
     finally:
         store.close()
     return snap
