@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import io
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -154,6 +156,10 @@ def run_tests(
         "ORCH_TEST_SHARED_TMP": "1",
         **(extra or {}),
     }
+    # Every process of this run carries a marker of its own: what a mutant left running (an
+    # escapee its broken cleanup missed, the tests of a timed-out run) is ended after it.
+    marker = ("MUTPROBE_RUN", f"{os.getpid()}-{time.monotonic_ns()}-{threading.get_ident()}")
+    env[marker[0]] = marker[1]
     plugin = ["-p", PLUGIN] if extra else []
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *plugin, *tests]
     with tempfile.TemporaryFile() as out:
@@ -168,8 +174,29 @@ def run_tests(
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             verdict = "timeout"
+        finally:
+            _end_marked(marker)
         out.seek(0)
         return verdict, out.read()[-3000:].decode(errors="replace")
+
+
+def _end_marked(marker: tuple[str, str]) -> None:
+    """SIGKILL every process whose environment carries `marker`, until none is left."""
+    needle = f"{marker[0]}={marker[1]}".encode()
+    for _ in range(20):
+        found = []
+        for entry in os.listdir("/proc"):
+            try:
+                if entry.isdigit() and needle in Path(f"/proc/{entry}/environ").read_bytes():
+                    found.append(int(entry))
+            except OSError:
+                continue  # gone, or not ours to read
+        if not found:
+            return
+        for pid in found:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 # The tracer of the coverage run: a pytest plugin in the tests' process, and a sitecustomize in
@@ -300,11 +327,14 @@ def probe(
     covered: bool = False,
     jobs: int = 1,
     run_uncovered: bool = False,
+    again: set[tuple[str, int, str]] | None = None,
 ) -> int:
     path = root / module
     original = path.read_text()
     lines = original.splitlines(keepends=True)
     todo = mutants(original)[:limit]
+    if again is not None:  # the survivors of an earlier run only (the tests have grown since)
+        todo = [m for m in todo if (lines[m.line - 1].strip(), m.col, m.describe()) in again]
     # The whole files once, unmutated: they must pass (a mutant's tests are fewer, with -x).
     verdict, output = run_tests(root, tests, BASELINE_TIMEOUT)
     if verdict != "pass":
@@ -377,6 +407,22 @@ def probe(
     return 0
 
 
+SURVIVED = re.compile(
+    r"^  survived (?P<module>\S+?):\d+:(?P<col>\d+): (?P<what>.+?)"
+    r"(?: \(no test runs this line\))?  \| (?P<text>.*)$"
+)
+
+
+def survivors_of(report: Path, module: str) -> set[tuple[str, int, str]]:
+    """The survivors an earlier run printed for `module`, as (line text, column, mutation):
+    found again by their text, so that edits elsewhere in the module do not lose them."""
+    found = set()
+    for line in report.read_text().splitlines():
+        if (m := SURVIVED.match(line)) and m["module"] == module:
+            found.add((m["text"].strip(), int(m["col"]) - 1, m["what"]))
+    return found
+
+
 def _copy_tree(source: Path, to: Path) -> Path:
     shutil.copytree(source, to, ignore=COPY_IGNORE)
     return to
@@ -419,6 +465,12 @@ def main() -> int:
     )
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once (tree copies)")
     ap.add_argument(
+        "--survivors-of",
+        type=Path,
+        metavar="REPORT",
+        help="only the mutants that an earlier run's printed report says survived",
+    )
+    ap.add_argument(
         "--run-uncovered",
         action="store_true",
         help="with --covered: a mutant on a line no traced process ran gets every test (its "
@@ -435,7 +487,8 @@ def main() -> int:
         for m in mutants((a.root / a.module).read_text()):
             print(f"{a.module}:{m.line}: {m.describe()}  | {lines[m.line - 1].strip()}")
         return 0
-    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered)
+    again = survivors_of(a.survivors_of, a.module) if a.survivors_of else None
+    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered, again)
     if not a.copy:
         return probe(a.root, a.module, a.tests, *options)
     scratch = Path(tempfile.mkdtemp(prefix="mutprobe-"))
