@@ -274,6 +274,10 @@ class Coverage:
     at_import: set[int]  # lines run outside any test: at import, or by a fixture between
     durations: dict[str, float]
 
+    def seconds(self, tests: list[str]) -> float:
+        """How long `tests` took in the traced run."""
+        return sum(self.durations.get(t, 0.0) for t in tests)
+
     def tests_for(self, line: int, kills: Counter[str] | None = None) -> list[str]:
         """The tests that run `line`, fastest first. A `def` line runs at import and again at
         each call (its defaults matter there): the tests that call it. A line run only at
@@ -285,6 +289,37 @@ class Coverage:
         # same test), then the fastest: a caught mutant costs one failing test, with -x.
         kills = kills or Counter()
         return sorted(chosen, key=lambda t: (-kills[t], self.durations.get(t, 0.0)))
+
+
+def cached_coverage(
+    root: Path, module: str, tests: list[str], timeout: float, cache: Path | None
+) -> Coverage:
+    """measure_coverage, or its answer kept in `cache` for the same module and test files
+    (their text's digest): a second run against the same tree skips the traced run."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for name in (module, *sorted(tests)):
+        digest.update(name.encode() + b"\0" + (root / name).read_bytes() + b"\0")
+    key = digest.hexdigest()
+    if cache is not None and cache.is_file():
+        kept = json.loads(cache.read_text())
+        if kept.get("key") == key:
+            lines = {t: set(v) for t, v in kept["lines"].items()}
+            return Coverage(lines, set(kept["at_import"]), kept["durations"])
+    coverage = measure_coverage(root, module, tests, timeout)
+    if cache is not None:
+        cache.write_text(
+            json.dumps(
+                {
+                    "key": key,
+                    "lines": {t: sorted(v) for t, v in coverage.lines.items()},
+                    "at_import": sorted(coverage.at_import),
+                    "durations": coverage.durations,
+                }
+            )
+        )
+    return coverage
 
 
 def measure_coverage(root: Path, module: str, tests: list[str], timeout: float) -> Coverage:
@@ -328,6 +363,7 @@ def probe(
     jobs: int = 1,
     run_uncovered: bool = False,
     again: set[tuple[str, int, str]] | None = None,
+    cache: Path | None = None,
 ) -> int:
     path = root / module
     original = path.read_text()
@@ -344,7 +380,7 @@ def probe(
         )
         return 2
     started = time.monotonic()
-    coverage = measure_coverage(root, module, tests, timeout) if covered else None
+    coverage = cached_coverage(root, module, tests, timeout, cache) if covered else None
     if coverage is not None:
         print(
             f"coverage: {len(coverage.durations)} tests, {len(coverage.at_import)} lines run at "
@@ -370,7 +406,10 @@ def probe(
             try:
                 target.write_text("".join(m.apply(lines)))
                 shutil.rmtree(target.parent / "__pycache__", ignore_errors=True)
-                verdict, output = run_tests(tree, chosen, timeout)
+                # A hang is caught (the suite would not finish), but only past what these tests
+                # take: twice their traced time (tracing slows them) on top of `timeout`.
+                limit = timeout + 2.0 * coverage.seconds(chosen) if coverage else timeout
+                verdict, output = run_tests(tree, chosen, limit)
                 if verdict == "unrunnable":  # node ids pytest cannot take back: the files
                     verdict, output = run_tests(tree, tests, timeout)
             finally:
@@ -455,7 +494,12 @@ def main() -> int:
         metavar="FILE",
         help="with --git: working-tree files laid over that copy (e.g. new tests)",
     )
-    ap.add_argument("--timeout", type=float, default=120.0, help="seconds per mutant's tests")
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds per mutant's tests (with --covered: on top of twice their traced time)",
+    )
     ap.add_argument("--limit", type=int, default=None, help="only the first N mutants")
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     ap.add_argument(
@@ -464,6 +508,13 @@ def main() -> int:
         help="trace the tests once; run each mutant against the tests that run its line",
     )
     ap.add_argument("--jobs", type=int, default=1, help="mutants tested at once (tree copies)")
+    ap.add_argument(
+        "--coverage-cache",
+        type=Path,
+        metavar="FILE",
+        help="with --covered: keep the traced run's map here, and reuse it while the module "
+        "and the test files are unchanged",
+    )
     ap.add_argument(
         "--survivors-of",
         type=Path,
@@ -488,7 +539,8 @@ def main() -> int:
             print(f"{a.module}:{m.line}: {m.describe()}  | {lines[m.line - 1].strip()}")
         return 0
     again = survivors_of(a.survivors_of, a.module) if a.survivors_of else None
-    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered, again)
+    cache = a.coverage_cache.resolve() if a.coverage_cache else None
+    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered, again, cache)
     if not a.copy:
         return probe(a.root, a.module, a.tests, *options)
     scratch = Path(tempfile.mkdtemp(prefix="mutprobe-"))
