@@ -273,6 +273,13 @@ class Coverage:
     lines: dict[str, set[int]]  # node id -> the module's lines it ran
     at_import: set[int]  # lines run outside any test: at import, or by a fixture between
     durations: dict[str, float]
+    def_lines: frozenset[int] = frozenset()  # the module's `def` lines (Coverage.of_source)
+
+    def of_source(self, source: str) -> Coverage:
+        """The same map, knowing which lines of `source` are `def` lines."""
+        defs = (ast.FunctionDef, ast.AsyncFunctionDef)
+        lines = frozenset(n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, defs))
+        return Coverage(self.lines, self.at_import, self.durations, lines)
 
     def seconds(self, tests: list[str]) -> float:
         """How long `tests` took in the traced run."""
@@ -280,11 +287,12 @@ class Coverage:
 
     def tests_for(self, line: int, kills: Counter[str] | None = None) -> list[str]:
         """The tests that run `line`, fastest first. A `def` line runs at import and again at
-        each call (its defaults matter there): the tests that call it. A line run only at
-        import (a constant, a class attribute): every test."""
+        each call (its defaults matter there): the tests that call it. Another line run at
+        import (a constant, a class attribute): every test, since every test has it imported
+        (the tests that ran it are only those whose processes imported the module anew)."""
         chosen = [t for t, lines in self.lines.items() if line in lines]
-        if not chosen and line in self.at_import:
-            chosen = list(self.durations)
+        if line in self.at_import and (line not in self.def_lines or not chosen):
+            chosen = list(self.durations)  # a test's process that imports it runs it too
         # The tests that caught most mutants so far first (a mutant's neighbours fall to the
         # same test), then the fastest: a caught mutant costs one failing test, with -x.
         kills = kills or Counter()
@@ -381,6 +389,7 @@ def probe(
         return 2
     started = time.monotonic()
     coverage = cached_coverage(root, module, tests, timeout, cache) if covered else None
+    coverage = coverage.of_source(original) if coverage is not None else None
     if coverage is not None:
         print(
             f"coverage: {len(coverage.durations)} tests, {len(coverage.at_import)} lines run at "
