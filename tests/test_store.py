@@ -303,3 +303,48 @@ def test_a_new_store_has_pages_of_a_kibibyte(tmp_path: Path) -> None:
         assert store.conn.execute("PRAGMA page_size").fetchone()[0] == 1024
     finally:
         store.close()
+
+
+def test_a_file_shorter_than_a_database_header_is_not_taken_for_one(tmp_path: Path) -> None:
+    """SQLite's header is 100 bytes: 99 that start like one are another file, refused as such
+    before SQLite reads them."""
+    path = tmp_path / "s.db"
+    path.write_bytes(b"SQLite format 3\x00" + b"\x00" * 83)
+    with pytest.raises(StoreError, match=r"is not an SQLite database \(damaged or another file\)"):
+        Store.open(path, create=False)
+
+
+def test_a_store_of_64_kib_pages_is_measured_as_such(tmp_path: Path) -> None:
+    """The header writes a page size of 65536 as 1: a whole store of such pages opens, and one
+    cut short is refused with its true length in bytes."""
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    conn.execute("PRAGMA journal_mode=DELETE")
+    conn.execute("PRAGMA page_size=65536")
+    conn.execute("VACUUM")
+    conn.close()
+    header = path.read_bytes()[:100]
+    assert header[16:18] == b"\x00\x01"  # 65536, as the format writes it
+    pages = int.from_bytes(header[28:32], "big")
+    Store.open(path, create=False).close()
+    assert not path.with_name("s.db-wal").exists()
+    size = path.stat().st_size
+    with path.open("r+b") as f:
+        f.truncate(size - 4096)
+    with pytest.raises(
+        StoreError, match=rf"is truncated \({size - 4096} of {65536 * pages} bytes\)"
+    ):
+        Store.open(path, create=False)
+
+
+def test_a_store_this_process_made_is_checked_again_once_closed(tmp_path: Path) -> None:
+    """A file this process has open is not read again (store/db.py, _OPEN); once the store
+    made here is closed, its next open reads its header again and finds it cut. (Its making
+    left it counted as open: every later open in the process skipped the check.)"""
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    with path.open("r+b") as f:
+        f.truncate(path.stat().st_size - 1024)
+    with pytest.raises(StoreError, match="is truncated"):
+        Store.open(path, create=False)

@@ -33,9 +33,9 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from orchestrator.core.errors import StoreError, UsageError, did_you_mean
@@ -176,16 +176,14 @@ def _update_todo_sql(columns: tuple[str, ...]) -> str:
     return f"UPDATE todos SET {', '.join(f'{k}=?' for k in columns)} WHERE id=?"
 
 
-def _guarded(method: Callable[P, R]) -> Callable[P, R]:
+def _guarded(method: Callable[Concatenate[Store, P], R]) -> Callable[Concatenate[Store, P], R]:
     """Turn the sqlite3 errors of a Store method into a StoreError that names the file."""
 
     @functools.wraps(method)
-    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
-        store = args[0]
-        assert isinstance(store, Store)
+    def wrapper(store: Store, /, *args: P.args, **kwargs: P.kwargs) -> R:
         try:
             with store._lock:
-                return method(*args, **kwargs)
+                return method(store, *args, **kwargs)
         except SQLITE_ERRORS as exc:
             raise StoreError(fault_message(store.path, exc)) from None
 
@@ -370,11 +368,9 @@ class Store:
         try:
             path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE))
-            conn = _connect(tmp, readonly=False)
-            try:
-                cls(tmp, conn)._create_schema()
-            finally:
-                conn.close()
+            # Closed as a Store: its count in _OPEN goes too (the inode becomes the store's).
+            with closing(cls(tmp, _connect(tmp, readonly=False))) as made:
+                made._create_schema()
             try:
                 os.link(tmp, path)
             except FileExistsError:
