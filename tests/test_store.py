@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -348,3 +349,52 @@ def test_a_store_this_process_made_is_checked_again_once_closed(tmp_path: Path) 
         f.truncate(path.stat().st_size - 1024)
     with pytest.raises(StoreError, match="is truncated"):
         Store.open(path, create=False)
+
+
+PRAGMAS = ("journal_mode", "synchronous", "foreign_keys")
+
+
+def test_a_writing_connection_has_the_durability_and_checks_orch_promises(store: Store) -> None:
+    """WAL with synchronous=NORMAL (a crash of the process loses nothing; docs/performance.md
+    states it against DBOS), foreign keys enforced, and one connection usable from the
+    threads of a run's tasks (--jobs), under the store's own lock."""
+    pragma = {p: store.conn.execute(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS}
+    assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}
+    with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
+        store.conn.execute(
+            "INSERT INTO transitions(task_id, from_status, to_status, at, attempt)"
+            " VALUES ('nobody', NULL, 'pending', 0, 0)"
+        )
+    seen: list[object] = []
+    thread = threading.Thread(target=lambda: seen.append(store.todo("a")))
+    thread.start()
+    thread.join()
+    assert isinstance(seen[0], dict) and seen[0]["id"] == "a"
+
+
+def test_a_status_written_since_the_open_by_another_hand_is_a_clear_error(store: Store) -> None:
+    """The open checks every status; one written after it (not by orch) is found as a row is
+    read, and named, rather than shown as a status orch does not have."""
+    with sqlite3.connect(store.path) as other:
+        other.execute("UPDATE todos SET status='finished' WHERE id='a'")
+    other.close()
+    with pytest.raises(StoreError, match="status 'finished' is no status"):
+        store.todos()
+
+
+def test_a_store_held_by_a_writer_is_waited_for(tmp_path: Path) -> None:
+    """Another process's write lock is waited for (SQLite's busy timeout, set at the connect),
+    not failed at once (a lock never given up: fault_message's "stayed locked", above)."""
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    store = Store.open(path)
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    try:
+        assert store.conn.execute("PRAGMA busy_timeout").fetchone()[0] == 10_000
+        holder.execute("BEGIN IMMEDIATE")
+        threading.Timer(0.5, lambda: holder.execute("COMMIT")).start()
+        store.set_meta("k", "v")  # waits the half second, then writes
+        assert store.meta("k") == "v"
+    finally:
+        holder.close()
+        store.close()

@@ -254,11 +254,10 @@ def _connect(path: Path, readonly: bool, whole: bool = False) -> sqlite3.Connect
             uri,
             uri=readonly,
             isolation_level=None,
-            timeout=BUSY_TIMEOUT_MS / 1000,
+            timeout=BUSY_TIMEOUT_MS / 1000,  # SQLite's busy timeout (PRAGMA busy_timeout)
             check_same_thread=False,
         )
         try:
-            conn.execute(f"PRAGMA busy_timeout={BUSY_TIMEOUT_MS}")
             if not readonly:
                 # A new store's pages are 1 KiB (SQLite's default is 4): every commit appends
                 # the pages it changed to the WAL, about three per transition; a quarter of
