@@ -398,3 +398,18 @@ def test_a_store_held_by_a_writer_is_waited_for(tmp_path: Path) -> None:
     finally:
         holder.close()
         store.close()
+
+
+def test_a_store_that_cannot_be_made_names_what_stood_in_the_way(tmp_path: Path) -> None:
+    """Its folder cannot be made (a file has the folder's name): the error names that file and
+    says where else to put the store; nothing is left behind."""
+    blocker = tmp_path / "state"
+    blocker.write_text("not a folder")
+    path = blocker / ".orch" / "s.db"
+    with pytest.raises(StoreError) as caught:
+        Store.open(path)
+    assert str(caught.value) == (
+        f"cannot create the store {path}: Not a directory ({blocker / '.orch'}); "
+        "give a writable place with --store PATH (or ORCH_STORE)"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
