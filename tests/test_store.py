@@ -16,7 +16,7 @@ from orchestrator.core.findings import Finding
 from orchestrator.core.status import ALLOWED, Status
 from orchestrator.store.db import Store, fault_message
 from orchestrator.store.liveness import current_identity
-from orchestrator.store.schema import SCHEMA_VERSION
+from orchestrator.store.schema import COLUMNS_SINCE, SCHEMA_VERSION, TABLES_SINCE
 
 from conftest import PlanDir, run_orch
 from store_rows import todo_spec
@@ -413,3 +413,39 @@ def test_a_store_that_cannot_be_made_names_what_stood_in_the_way(tmp_path: Path)
         "give a writable place with --store PATH (or ORCH_STORE)"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["state"]
+
+
+def _older_store(path: Path, version: int) -> None:
+    """A store as schema `version` made it: today's, less what later versions added."""
+    Store.open(path).close()
+    conn = sqlite3.connect(path, isolation_level=None)
+    for (table, column), since in COLUMNS_SINCE.items():
+        if since > version:
+            conn.execute(f'ALTER TABLE "{table}" DROP COLUMN "{column}"')
+    for table, since in TABLES_SINCE.items():
+        if since > version:
+            conn.execute(f'DROP TABLE "{table}"')
+    conn.execute(f"PRAGMA user_version={version}")
+    conn.close()
+
+
+@pytest.mark.parametrize("version", range(1, SCHEMA_VERSION))
+def test_an_older_store_is_held_to_its_own_version_then_upgraded(
+    tmp_path: Path, version: int
+) -> None:
+    """A store of an older schema lacks what later versions added, and is upgraded; one that
+    lacks a column its own version had is damaged, and refused before anything is added."""
+    whole, cut = tmp_path / "whole.db", tmp_path / "cut.db"
+    _older_store(whole, version)
+    store = Store.open(whole)
+    assert store.conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    store.close()
+    _older_store(cut, version)
+    with sqlite3.connect(cut) as conn:
+        conn.execute('ALTER TABLE "todos" DROP COLUMN "priority"')
+    conn.close()
+    with pytest.raises(StoreError, match=r"damaged \(table todos lacks priority\)"):
+        Store.open(cut)
+    with sqlite3.connect(cut) as conn:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == version
+    conn.close()
