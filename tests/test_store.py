@@ -449,3 +449,13 @@ def test_an_older_store_is_held_to_its_own_version_then_upgraded(
     with sqlite3.connect(cut) as conn:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == version
     conn.close()
+
+
+def test_opening_a_store_to_write_makes_its_private_logs_folder(tmp_path: Path) -> None:
+    """The runs' logs live beside the store, as private as it is (0700), made at the open."""
+    import stat
+
+    path = tmp_path / "s.db"
+    Store.open(path).close()
+    logs = path.with_name("s.runs")
+    assert logs.is_dir() and stat.S_IMODE(logs.stat().st_mode) == 0o700
