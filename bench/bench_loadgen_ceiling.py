@@ -82,7 +82,12 @@ def server_late_ms(server: subprocess.Popen[str]) -> float:
     """The worst of the server processes' p99 lateness of their token writes (ms)."""
     server.send_signal(signal.SIGTERM)
     _, said = server.communicate(timeout=60)
-    late = [json.loads(line)["late_p99_ms"] for line in said.splitlines() if line.startswith("{")]
+    # The processes write one JSON object each to the same pipe: read them however they met.
+    late, at, decoder = [], said.find("{"), json.JSONDecoder()
+    while at != -1:
+        obj, end = decoder.raw_decode(said, at)
+        late.append(obj["late_p99_ms"])
+        at = said.find("{", end)
     if not late:
         raise SystemExit(f"stream_server.py said nothing of its lateness: {said[-500:]}")
     return float(max(late))
