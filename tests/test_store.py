@@ -459,3 +459,13 @@ def test_opening_a_store_to_write_makes_its_private_logs_folder(tmp_path: Path) 
     Store.open(path).close()
     logs = path.with_name("s.runs")
     assert logs.is_dir() and stat.S_IMODE(logs.stat().st_mode) == 0o700
+
+
+def test_a_store_is_made_with_every_folder_above_it(tmp_path: Path) -> None:
+    """`--store deep/er/s.db`: the folders that are not there yet are made, private."""
+    import stat
+
+    path = tmp_path / "deep" / "er" / "s.db"
+    Store.open(path).close()
+    assert path.is_file()
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
