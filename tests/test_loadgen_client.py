@@ -110,13 +110,27 @@ def measured(url: str, group: Path | None) -> Measured | TaskError:
         stability=0.9,
     )
     target = Target(url, "tiny", "openai", None, {})
-    box: dict[str, Any] = {}
 
-    def client() -> None:
+    def join_group() -> None:
         if group is not None:
             (group / "tasks").write_text(str(threading.get_native_id()))
+
+    return on_a_thread(
+        lambda: asyncio.run(measure_level(target, load_prompts(p), p, 4, None)), join_group
+    )
+
+
+def on_a_thread(
+    measure: Callable[[], Measured], first: Callable[[], None] = lambda: None
+) -> Measured | TaskError:
+    """`measure()` on a thread of its own (after `first()` there): the level, or the
+    TaskError that ended it."""
+    box: dict[str, Measured | TaskError] = {}
+
+    def client() -> None:
+        first()
         try:
-            box["result"] = asyncio.run(measure_level(target, load_prompts(p), p, 4, None))
+            box["result"] = measure()
         except TaskError as exc:
             box["result"] = exc
 
@@ -124,8 +138,7 @@ def measured(url: str, group: Path | None) -> Measured | TaskError:
     thread.start()
     thread.join(timeout=120)
     assert not thread.is_alive(), "the client never finished"
-    result: Measured | TaskError = box["result"]
-    return result
+    return box["result"]
 
 
 def test_a_client_with_a_core_to_itself_is_not_the_bottleneck(stub: str) -> None:
@@ -249,20 +262,9 @@ def test_one_process_starved_of_cpu_has_the_window_refused_naming_it(
             starved.append(workers()[-1].pid)
             (quota / "cgroup.procs").write_text(str(starved[0]))
 
-    box: dict[str, Any] = {}
-
-    def client() -> None:
-        try:
-            box["result"] = level(stub, p, 4, say)
-        except TaskError as exc:
-            box["result"] = exc
-
-    thread = threading.Thread(target=client)
-    thread.start()
-    thread.join(timeout=120)
-    assert not thread.is_alive(), "the client never finished"
-    text = str(box["result"])
-    assert isinstance(box["result"], TaskError), "a window with a starved process was kept"
+    result = on_a_thread(lambda: level(stub, p, 4, say))
+    text = str(result)
+    assert isinstance(result, TaskError), "a window with a starved process was kept"
     assert "only 1 clean window(s) of 2" in text, text
     assert text.count("the load generator was the bottleneck") == 1, text
     assert "1 of its 2 processes fell behind" in text, text
