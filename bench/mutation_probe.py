@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import ast
-import contextlib
 import io
 import json
 import os
@@ -181,22 +180,14 @@ def run_tests(
 
 
 def _end_marked(marker: tuple[str, str]) -> None:
-    """SIGKILL every process whose environment carries `marker`, until none is left."""
-    needle = f"{marker[0]}={marker[1]}".encode()
+    """End every process whose environment carries `marker`, until none is left (orch's own
+    scan and ending: orchestrator/proc/procfs.py)."""
+    from orchestrator.proc.procfs import marked, terminate_pids
+
     for _ in range(20):
-        found = []
-        for entry in os.listdir("/proc"):
-            try:
-                if entry.isdigit() and needle in Path(f"/proc/{entry}/environ").read_bytes():
-                    found.append(int(entry))
-            except OSError:
-                continue  # gone, or not ours to read
-        if not found:
+        if not (found := marked(marker)):
             return
-        for pid in found:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
+        terminate_pids(found, grace=0.0)
 
 
 # The tracer of the coverage run: a pytest plugin in the tests' process, and a sitecustomize in
