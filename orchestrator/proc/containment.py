@@ -78,7 +78,6 @@ class Jail:
         """Set up before the spawn; returns the preexec function the child must run, if any."""
         if self.mechanism == "marker":
             _become_subreaper()
-            return None
         if self.mechanism != "cgroup":
             return None
         path = _own_cgroup(self.name)
@@ -138,12 +137,13 @@ class Jail:
         self.remove()
         return sorted(set(ended))
 
-    def remove(self) -> None:
-        """Remove our own empty cgroup (a scope is collected by systemd once empty)."""
+    def remove(self, wait: float = 5.0) -> None:
+        """Remove our own empty cgroup (a scope is collected by systemd once empty), waiting up
+        to `wait` seconds for it to empty: a killed process leaves it once its parent reaps it."""
         own = _own_cgroup(self.name)
-        if own is None or not own.is_dir():
+        if own is None:
             return
-        end = time.monotonic() + 5.0  # a killed process leaves it once its parent reaps it
+        end = time.monotonic() + wait
         while True:
             try:
                 own.rmdir()
@@ -254,7 +254,7 @@ def _kill_cgroup(cgroup: Path) -> None:
 
 def _become_subreaper() -> None:
     with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1)  # the kernel reads no other arg
 
 
 def _adopted() -> list[int]:
