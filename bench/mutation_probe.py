@@ -363,11 +363,14 @@ def probe(
     run_uncovered: bool = False,
     again: set[tuple[str, int, str]] | None = None,
     cache: Path | None = None,
+    span: tuple[int, int] | None = None,
 ) -> int:
     path = root / module
     original = path.read_text()
     lines = original.splitlines(keepends=True)
     todo = mutants(original)[:limit]
+    if span is not None:  # a part of a large module, measured in a run of its own
+        todo = [m for m in todo if span[0] <= m.line <= span[1]]
     if again is not None:  # the survivors of an earlier run only (the tests have grown since)
         todo = [m for m in todo if (lines[m.line - 1].strip(), m.col, m.describe()) in again]
     # The whole files once, unmutated: they must pass (a mutant's tests are fewer, with -x).
@@ -452,6 +455,14 @@ SURVIVED = re.compile(
 )
 
 
+def line_span(text: str) -> tuple[int, int]:
+    """`FIRST-LAST` (line numbers, both included) as a pair."""
+    first, sep, last = text.partition("-")
+    if not (sep and first.isdigit() and last.isdigit() and int(first) <= int(last)):
+        raise argparse.ArgumentTypeError(f"{text!r}: give FIRST-LAST, e.g. 456-1280")
+    return int(first), int(last)
+
+
 def survivors_of(report: Path, module: str) -> set[tuple[str, int, str]]:
     """The survivors an earlier run printed for `module`, as (line text, column, mutation):
     found again by their text, so that edits elsewhere in the module do not lose them."""
@@ -501,6 +512,12 @@ def main() -> int:
         help="seconds per mutant's tests (with --covered: on top of twice their traced time)",
     )
     ap.add_argument("--limit", type=int, default=None, help="only the first N mutants")
+    ap.add_argument(
+        "--lines",
+        type=line_span,
+        metavar="FIRST-LAST",
+        help="only the mutants on these lines of the module (both included)",
+    )
     ap.add_argument("--list", action="store_true", help="print the mutants, run nothing")
     ap.add_argument(
         "--covered",
@@ -536,11 +553,13 @@ def main() -> int:
     if a.list:
         lines = (a.root / a.module).read_text().splitlines()
         for m in mutants((a.root / a.module).read_text()):
+            if a.lines and not a.lines[0] <= m.line <= a.lines[1]:
+                continue
             print(f"{a.module}:{m.line}: {m.describe()}  | {lines[m.line - 1].strip()}")
         return 0
     again = survivors_of(a.survivors_of, a.module) if a.survivors_of else None
     cache = a.coverage_cache.resolve() if a.coverage_cache else None
-    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered, again, cache)
+    options = (a.timeout, a.limit, a.covered, a.jobs, a.run_uncovered, again, cache, a.lines)
     if not a.copy:
         return probe(a.root, a.module, a.tests, *options)
     scratch = Path(tempfile.mkdtemp(prefix="mutprobe-"))
