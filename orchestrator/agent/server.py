@@ -247,7 +247,7 @@ def build(runbook: Runbook) -> MCPServer[Any]:
         `note` as its comment: key=accept_rate value=0.42 note="no speedup") or a note alone
         (`note`). Kept with you as its author, shown on the board with the task's own."""
         finding = guarded(lambda: runbook.record(task, AUTHOR, note, key, value, unit))
-        return {"task": task, **vars(finding)}
+        return {"task": task, **finding._asdict()}
 
     @app.tool()
     def validate_plan(text: str) -> dict[str, Any]:
