@@ -47,7 +47,7 @@ import time
 import tokenize
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 SWAPS = {
@@ -265,12 +265,15 @@ class Coverage:
     at_import: set[int]  # lines run outside any test: at import, or by a fixture between
     durations: dict[str, float]
     def_lines: frozenset[int] = frozenset()  # the module's `def` lines (Coverage.of_source)
+    spans: dict[int, range] = field(default_factory=dict)  # a line -> its expression's lines
 
     def of_source(self, source: str) -> Coverage:
-        """The same map, knowing which lines of `source` are `def` lines."""
+        """The same map, knowing which lines of `source` are `def` lines, and which lines
+        belong to one statement or one `if`/`while`/`for`/`with` header."""
+        tree = ast.parse(source)
         defs = (ast.FunctionDef, ast.AsyncFunctionDef)
-        lines = frozenset(n.lineno for n in ast.walk(ast.parse(source)) if isinstance(n, defs))
-        return Coverage(self.lines, self.at_import, self.durations, lines)
+        lines = frozenset(n.lineno for n in ast.walk(tree) if isinstance(n, defs))
+        return Coverage(self.lines, self.at_import, self.durations, lines, expression_spans(tree))
 
     def seconds(self, tests: list[str]) -> float:
         """How long `tests` took in the traced run."""
@@ -281,13 +284,41 @@ class Coverage:
         each call (its defaults matter there): the tests that call it. Another line run at
         import (a constant, a class attribute): every test, since every test has it imported
         (the tests that ran it are only those whose processes imported the module anew)."""
-        chosen = [t for t, lines in self.lines.items() if line in lines]
+        # A line of a multi-line expression may never run unmutated (`a and b` over two lines,
+        # `a` false: the tracer never sees b's line) and run once mutated (`a or b`): the
+        # tests that run any line of its statement or header are the ones that can tell.
+        span = self.spans.get(line, range(line, line + 1))
+        chosen = [t for t, lines in self.lines.items() if not lines.isdisjoint(span)]
         if line in self.at_import and (line not in self.def_lines or not chosen):
             chosen = list(self.durations)  # a test's process that imports it runs it too
         # The tests that caught most mutants so far first (a mutant's neighbours fall to the
         # same test), then the fastest: a caught mutant costs one failing test, with -x.
         kills = kills or Counter()
         return sorted(chosen, key=lambda t: (-kills[t], self.durations.get(t, 0.0)))
+
+
+def expression_spans(tree: ast.Module) -> dict[int, range]:
+    """Each line of a statement, or of a compound statement's header, that spans several lines
+    -> all of those lines (the innermost: a header's span leaves its body's lines out)."""
+    spans: dict[int, range] = {}
+    for node in ast.walk(tree):  # outer nodes first: an inner span overwrites
+        parts: list[ast.expr] | list[ast.stmt]
+        if isinstance(node, ast.If | ast.While):
+            parts = [node.test]
+        elif isinstance(node, ast.For | ast.AsyncFor):
+            parts = [node.target, node.iter]
+        elif isinstance(node, ast.With | ast.AsyncWith):
+            parts = [item.context_expr for item in node.items]
+        elif isinstance(node, ast.stmt) and not hasattr(node, "body"):
+            parts = [node]  # a simple statement (compound ones have a body)
+        else:
+            continue
+        first = min(p.lineno for p in parts)
+        last = max(p.end_lineno or p.lineno for p in parts)
+        if last > first:
+            for line in range(first, last + 1):
+                spans[line] = range(first, last + 1)
+    return spans
 
 
 def cached_coverage(

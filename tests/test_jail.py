@@ -54,6 +54,11 @@ def own_mount(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         cgroup.rmdir()
 
 
+def python_path() -> str:
+    """The checkout first, then what the tests run with (a tracer's sitecustomize, say)."""
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
 def marker() -> tuple[str, str]:
     return ("ORCH_TASK", f"jail-test:{uuid.uuid4().hex}@{os.getpid()}")
 
@@ -221,7 +226,7 @@ def test_a_jail_ended_by_a_process_inside_it_spares_that_process() -> None:
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
-        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": str(ROOT)},
+        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": python_path()},
         capture_output=True,
         text=True,
         timeout=60,
@@ -250,7 +255,7 @@ def test_ended_orphans_adopted_by_orch_leave_no_zombie() -> None:
     )
     done = subprocess.run(
         [sys.executable, "-c", script],
-        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": str(ROOT)},
+        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": python_path()},
         capture_output=True,
         text=True,
         timeout=60,
