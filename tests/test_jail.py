@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.core.errors import UsageError
 from orchestrator.proc import containment
 from orchestrator.proc.containment import MECHANISMS, Jail, cgroup2_mount, detect
 
@@ -275,3 +276,24 @@ def test_no_cgroup2_at_all_a_jail_still_ends_its_processes(monkeypatch: pytest.M
     finally:
         child.kill()
         child.wait()
+
+
+def test_cgroup_forced_on_a_host_without_cgroup2_is_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(containment, "cgroup2_mount", lambda: None)
+    with pytest.raises(UsageError, match="ORCH_CONTAINMENT=cgroup"):
+        Jail(marker(), "cgroup").prepare()
+
+
+def test_a_leader_that_already_exited_is_reaped_by_end() -> None:
+    """Its jail has no live member left, so nothing is signalled: end() must still collect the
+    leader's exit status, or it stays a zombie of orch's."""
+    mark = marker()
+    env = {**os.environ, mark[0]: mark[1]}
+    leader = subprocess.Popen(["true"], env=env)
+    stat = Path(f"/proc/{leader.pid}/stat")
+    wait_for(lambda: stat.read_text().rpartition(")")[2].split()[0] == "Z", what="a zombie")
+    assert Jail(mark, "cgroup").end(1.0, leader) == []
+    assert leader.returncode == 0
+    assert not stat.exists()

@@ -37,6 +37,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from orchestrator.core.errors import UsageError
 from orchestrator.proc.procfs import is_alive, marked, session_members, session_of, terminate_pids
 
 MECHANISMS = ("scope", "cgroup", "marker")
@@ -81,7 +82,8 @@ class Jail:
         if self.mechanism != "cgroup":
             return None
         path = _own_cgroup(self.name)
-        assert path is not None  # detect() chose cgroup only where the base is writable
+        if path is None:  # forced: detect() itself chooses cgroup only where there is a mount
+            raise UsageError("ORCH_CONTAINMENT=cgroup, but this host has no cgroup2 mount")
         path.mkdir(exist_ok=True)
         procs = str(path / "cgroup.procs")
 
