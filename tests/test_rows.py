@@ -14,7 +14,7 @@ from orchestrator.core.guards import GuardRole
 from orchestrator.core.status import RunOutcome, Status
 from orchestrator.store import rows
 from orchestrator.store.db import GuardChange, RunIdentity, Store, TodoSpec
-from orchestrator.store.schema import COLUMNS
+from orchestrator.store.schema import BOARD_COLUMNS, COLUMNS
 
 
 def test_each_row_type_has_its_tables_columns() -> None:
@@ -29,6 +29,8 @@ def test_each_row_type_has_its_tables_columns() -> None:
     for table, shape in whole.items():
         assert set(shape.__required_keys__) == set(COLUMNS[table]), table
     assert set(rows.ListedTodoRow.__required_keys__) == {*COLUMNS["todos"], "run_attempts"}
+    assert set(rows.BoardRow.__required_keys__) == {*BOARD_COLUMNS, "run_attempts"}
+    assert set(BOARD_COLUMNS) < set(COLUMNS["todos"])
     assert set(rows.ResourceRow.__required_keys__) == set(COLUMNS["resources"]) - {"data"}
 
 
@@ -58,6 +60,7 @@ def test_reads_give_plain_dicts_of_those_keys_with_statuses_as_status(tmp_path: 
         transitions, findings = store.events_after(0, 0)
         got: list[tuple[type[Any], list[Any]]] = [
             (rows.ListedTodoRow, store.todos()),
+            (rows.BoardRow, store.board()),
             (rows.TodoRow, [store.todo("a"), *store.armed(), *store.due()]),
             (rows.RunRow, [*store.runs(), *store.runs_after(0, set())]),
             (rows.TransitionRow, [*transitions, *store.transitions()]),
@@ -71,6 +74,8 @@ def test_reads_give_plain_dicts_of_those_keys_with_statuses_as_status(tmp_path: 
             for row in found:
                 assert type(row) is dict and set(row) == set(shape.__required_keys__), shape
         assert all(type(t["status"]) is Status for t in store.todos())
+        shown = [{k: t[k] for k in rows.BoardRow.__required_keys__} for t in store.todos()]
+        assert store.board() == shown  # the same tasks, in the same order
         assert all(type(t["to_status"]) is Status for t in transitions)
         assert transitions[0]["from_status"] is None
         assert [t["id"] for t in store.due()] == ["u"]

@@ -45,6 +45,7 @@ from orchestrator.core.guards import GuardRole, undone_by
 from orchestrator.core.redact import mask, mask_value
 from orchestrator.core.status import ALLOWED, MANUAL, RunOutcome, Status
 from orchestrator.store.schema import (
+    BOARD_COLUMNS,
     COLUMNS,
     COLUMNS_SINCE,
     INDEXES,
@@ -59,6 +60,7 @@ from orchestrator.store.schema import (
 if TYPE_CHECKING:  # the rows it returns: for annotations only (`orch status` imports no more)
     from orchestrator.store.rows import (
         ApprovalRow,
+        BoardRow,
         FindingRow,
         HeldResourceRow,
         ListedTodoRow,
@@ -298,6 +300,14 @@ def _row(cursor: sqlite3.Cursor, statuses: tuple[str, ...] = ()) -> Any:
 
 
 _TODO, _TRANSITION = STATUS_COLUMNS["todos"], STATUS_COLUMNS["transitions"]
+# The plan's tasks in plan order, with the attempts of their latest run: counted only where
+# there can be more than one (CASE is lazy in SQLite): a 1000-task board reads ~1 ms sooner.
+_LISTED = (
+    "SELECT {columns}, CASE WHEN attempts > 1 THEN (SELECT count(*) FROM transitions t"
+    " WHERE t.task_id = todos.id AND t.run_id = todos.run_id"
+    " AND t.to_status = 'in_progress') ELSE attempts END AS run_attempts"
+    " FROM todos WHERE in_plan=1 ORDER BY position, rowid"
+)
 
 
 class Store:
@@ -1138,17 +1148,11 @@ class Store:
         """The plan's tasks, in plan order (tasks since removed from the plan are kept, unshown),
         with `run_attempts`: the attempts of its latest run (the board's N×; `attempts` counts
         every run's, and numbers the findings)."""
-        return _rows(
-            self.conn.execute(
-                # Counted only where there can be more than one (CASE is lazy in SQLite): a
-                # 1000-task board reads in ~1 ms less (bench/bench_engine.py's re-run).
-                "SELECT *, CASE WHEN attempts > 1 THEN (SELECT count(*) FROM transitions t"
-                " WHERE t.task_id = todos.id AND t.run_id = todos.run_id"
-                " AND t.to_status = 'in_progress') ELSE attempts END AS run_attempts"
-                " FROM todos WHERE in_plan=1 ORDER BY position, rowid"
-            ),
-            _TODO,
-        )
+        return _rows(self.conn.execute(_LISTED.format(columns="*")), _TODO)
+
+    def board(self) -> list[BoardRow]:
+        """`todos()` with only the columns a board draws (BOARD_COLUMNS)."""
+        return _rows(self.conn.execute(_LISTED.format(columns=", ".join(BOARD_COLUMNS))), _TODO)
 
     def todo(self, task_id: str) -> TodoRow | None:
         row: TodoRow | None = _row(

@@ -41,36 +41,48 @@ class RunRow(TypedDict):
     log_dir: str
 
 
-class TodoRow(TypedDict):
-    """A task as the store keeps it: one `todos` row (Store.todo, added, armed, due)."""
+class _ShownTodo(TypedDict):
+    """The columns of a task that a board shows (schema.BOARD_COLUMNS)."""
 
     id: str
-    position: int
     title: str
     priority: str
     kind: str | None  # None: a todo with no kind, which nothing runs
-    needs: str  # JSON array of task ids
-    in_plan: int  # 0: gone from the plan, or an added task removed (kept for history)
     origin: str  # plan, or who added it (agent, person)
-    definition: str | None  # an added task's mapping (JSON)
     status: Status
     reason: str | None
     attempts: int  # every run's attempts: numbers the findings
-    spec_hash: str
-    spec: str | None  # JSON of what the hash covers (None in a row older than the column)
     started_at: float | None
     ended_at: float | None
+    updated_at: float
     last_error: str | None
     output_tail: str | None
-    run_id: int | None  # the run that last moved it
     log_path: str | None
-    pgid: int | None
-    pgid_started_at: float | None
-    updated_at: float
     role: str | None  # a GuardRole: a compensation or a `finally` task; None: the plan's flow
     protects: str | None  # the task a compensation undoes
     armed_run: int | None  # the run that armed it (None: not armed)
+
+
+class TodoRow(_ShownTodo):
+    """A task as the store keeps it: one `todos` row (Store.todo, added, armed, due)."""
+
+    position: int
+    needs: str  # JSON array of task ids
+    in_plan: int  # 0: gone from the plan, or an added task removed (kept for history)
+    definition: str | None  # an added task's mapping (JSON)
+    spec_hash: str
+    spec: str | None  # JSON of what the hash covers (None in a row older than the column)
+    run_id: int | None  # the run that last moved it
+    pgid: int | None
+    pgid_started_at: float | None
     armed_at: float | None
+
+
+class BoardRow(_ShownTodo):
+    """A task as the board draws it (Store.board): with its latest run's attempts. A
+    ListedTodoRow is one too."""
+
+    run_attempts: int
 
 
 class ListedTodoRow(TodoRow):

@@ -170,6 +170,13 @@ _JSON_COLUMNS = {
 _TYPED = ("runs", "todos")  # one row a run or a task; the log tables: required values only
 
 STATUS_COLUMNS = {"todos": ("status",), "transitions": ("from_status", "to_status")}
+# What `orch status` draws of a task (Store.board): `todos` less what only a run reads (its spec,
+# its needs, its process), a third of a 1000-task board's read time.
+BOARD_COLUMNS = (
+    "id", "title", "priority", "kind", "origin", "status", "reason", "attempts", "started_at",
+    "ended_at", "updated_at", "last_error", "output_tail", "log_path", "role", "protects",
+    "armed_run",
+)  # fmt: skip
 
 
 @functools.cache

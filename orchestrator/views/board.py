@@ -18,7 +18,7 @@ from orchestrator.core.status import TODOWRITE, Status
 from orchestrator.core.terminal import clean, plural, terminal_width
 
 if TYPE_CHECKING:
-    from orchestrator.store.rows import ListedTodoRow, RunRow, TodoRow
+    from orchestrator.store.rows import BoardRow, RunRow
 
 STATUS_SCHEMA = "orch.status/v1"
 
@@ -53,7 +53,7 @@ def iso(ts: float | None) -> str | None:
     )
 
 
-def duration_of(row: TodoRow) -> float | None:
+def duration_of(row: BoardRow) -> float | None:
     """Seconds the latest attempt took; None while it runs or if it never ran."""
     if row["started_at"] is None or row["ended_at"] is None:
         return None
@@ -73,7 +73,7 @@ SUMMARY_ORDER = (
 )
 
 
-def counts(rows: Sequence[TodoRow]) -> dict[str, int]:
+def counts(rows: Sequence[BoardRow]) -> dict[str, int]:
     out = {str(s): 0 for s in SUMMARY_ORDER}
     for r in rows:
         out[r["status"]] += 1
@@ -86,7 +86,7 @@ class Snapshot(NamedTuple):
 
     name: str
     path: Path
-    rows: Sequence[ListedTodoRow]
+    rows: Sequence[BoardRow]
     findings: Mapping[str, list[Finding]]
     run: RunRow | None
     stale: Mapping[str, Sequence[str]] | None
@@ -108,10 +108,14 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
     width = width or terminal_width()
     lines = [paint(_headline(plan_name, store_path, run, rows), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
-    title_w = min(
-        max((len(r["title"]) + 2 * (added(r) or bool(role(r))) for r in rows), default=5), 36
-    )
-    for r in rows:
+    # Each row's title as drawn: `+` marks a task added at run time, `↺` a guard (a
+    # compensation or a `finally` task: not part of the plan's flow).
+    titles = [
+        f"↺ {r['title']}" if role(r) else f"+ {r['title']}" if added(r) else r["title"]
+        for r in rows
+    ]
+    title_w = min(max(map(len, titles), default=5), 36)
+    for r, title in zip(rows, titles, strict=True):
         status = r["status"]
         mark, code = MARKS[status]
         took = format_duration(duration_of(r))
@@ -126,11 +130,8 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
             )
         else:  # why it is not done; else what someone noted on it
             extra = r["reason"] or summarize(findings.get(r["id"], []))
-        title = f"+ {r['title']}" if added(r) else r["title"]
-        if role(r):  # a compensation or a `finally` task: not part of the plan's flow
-            title = f"↺ {r['title']}"
-            if status is Status.PENDING:  # what it waits to do: its status says nothing
-                extra = guard_text(r["role"], r["protects"], r["armed_run"])
+        if status is Status.PENDING and role(r):  # what a guard waits to do
+            extra = guard_text(r["role"], r["protects"], r["armed_run"])
         head = (
             f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
             f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
@@ -164,18 +165,18 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
 
 # The options of the run that `orch approve` needs as well: the same vars make the same plan
 # (the approval is of its hash), the same store is where the approval goes.
-def role(row: TodoRow) -> str | None:
+def role(row: BoardRow) -> str | None:
     """A compensation's or `finally` task's role; None for a step of the plan. (An older store
     has the column too: opening it upgrades it, and a read-only one is refused.)"""
     return row["role"]
 
 
-def added(row: TodoRow) -> bool:
+def added(row: BoardRow) -> bool:
     """Put on the board by an agent or `orch todo add`, not declared by the plan file."""
     return bool(row["origin"] and row["origin"] != "plan")
 
 
-def _headline(plan_name: str, store_path: str, run: RunRow | None, rows: Sequence[TodoRow]) -> str:
+def _headline(plan_name: str, store_path: str, run: RunRow | None, rows: Sequence[BoardRow]) -> str:
     if run is None:
         return f"{plan_name} · never run · {store_path}"
     started = datetime.fromtimestamp(run["started_at"]).strftime("%Y-%m-%d %H:%M")
@@ -198,6 +199,8 @@ def _headline(plan_name: str, store_path: str, run: RunRow | None, rows: Sequenc
 
 
 def _fit(text: str, width: int) -> str:
+    if not text:
+        return ""
     text = str(text)
     # Values from processes: no escape sequences, one line. Plain text (the common case: ids,
     # titles) is already that; skipping the work keeps a 1000-task board fast.
@@ -263,7 +266,7 @@ def status_json(snap: Snapshot) -> dict[str, Any]:
     }
 
 
-def todowrite(rows: Sequence[TodoRow], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
+def todowrite(rows: Sequence[BoardRow], findings: Mapping[str, list[Finding]]) -> dict[str, Any]:
     """The todowrite tool's input: {"todos": [{"content", "status", "priority"}]}; a task
     that no plan file declares also has "added_by" (agent or person)."""
     todos = []

@@ -35,7 +35,7 @@ def take(
             from orchestrator.run.todos import plan_as_run
 
             ran = plan_as_run(plan, store)
-            found = stale_of(ran, snap.rows, store.done_marks(), store.findings_as_of)
+            found = stale_of(ran, store.todos(), store.done_marks(), store.findings_as_of)
             snap = snap._replace(stale=found)
     finally:
         store.close()
@@ -47,7 +47,7 @@ def read(
 ) -> Snapshot:
     """The board of an open store as it is, closing nothing (`name`: when the store has none)."""
     runs = store.runs(1)
-    rows, findings = store.todos(), store.findings()
+    rows, findings = store.board(), store.findings()
     return Snapshot(
         store.plan_name() or name, path, rows, findings, runs[0] if runs else None, stale
     )
