@@ -576,3 +576,24 @@ def test_a_second_store_open_in_one_process_keeps_the_first_ones_locks(tmp_path:
         assert held() == before
     finally:
         first.close()
+
+
+def test_a_commit_the_full_disk_refuses_is_an_error_and_writes_nothing(tmp_path: Path) -> None:
+    """SQLite writes a transaction's pages to the WAL at COMMIT: that is where a full disk
+    shows. The write must fail as a StoreError (never be taken as done), leave nothing, and
+    the same connection take writes again once there is room."""
+    with tmpfs(tmp_path / "small", "1m") as root:
+        store = Store.open(root / "s.db")
+        try:
+            with open(root / "fill", "wb") as fill, contextlib.suppress(OSError):
+                while True:
+                    fill.write(b"\0" * 65536)
+                    fill.flush()
+            with pytest.raises(StoreError, match="full"):
+                store.set_meta("big", "x" * 200_000)
+            (root / "fill").unlink()
+            assert store.meta("big") is None
+            store.set_meta("small", "y")
+            assert store.meta("small") == "y"
+        finally:
+            store.close()
