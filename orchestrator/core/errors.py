@@ -3,8 +3,6 @@
 Leaf module: imports nothing from the project.
 """
 
-from __future__ import annotations
-
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 

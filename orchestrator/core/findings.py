@@ -3,8 +3,6 @@
 Leaf module (no pydantic): the store and the board read findings on the fast `status` path.
 """
 
-from __future__ import annotations
-
 import math
 import re
 from collections.abc import Sequence

@@ -35,15 +35,22 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Concatenate, NamedTuple, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec, TypeVar
 from urllib.parse import quote
 
 from orchestrator.core.errors import StoreError, UsageError, did_you_mean
 from orchestrator.core.files import not_a_file
 from orchestrator.core.findings import Finding, FindingValue
-from orchestrator.core.guards import GuardRole, undone_by
+from orchestrator.core.guards import undone_by
 from orchestrator.core.redact import mask, mask_value
 from orchestrator.core.status import ALLOWED, MANUAL, RunOutcome, Status
+from orchestrator.store.records import (  # the records of its API, imported from here too
+    PLAN_ORIGIN as PLAN_ORIGIN,
+)
+from orchestrator.store.records import DoneMark as DoneMark
+from orchestrator.store.records import GuardChange as GuardChange
+from orchestrator.store.records import RunIdentity as RunIdentity
+from orchestrator.store.records import TodoSpec as TodoSpec
 from orchestrator.store.schema import (
     BOARD_COLUMNS,
     COLUMNS,
@@ -84,15 +91,6 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-class DoneMark(NamedTuple):
-    """When a task last became done: its transition's seq, the run, and how (completed/skipped)."""
-
-    seq: int
-    run_id: int | None
-    status: str
-
-
-PLAN_ORIGIN = "plan"
 # What a task made pending again (forgotten, undone) no longer claims about its last attempt.
 _FRESH: dict[str, Any] = dict.fromkeys(
     ("last_error", "output_tail", "started_at", "ended_at", "pgid", "pgid_started_at")
@@ -101,42 +99,6 @@ _FRESH: dict[str, Any] = dict.fromkeys(
 
 # A status column's stored text -> the Status a read gives (None: a first transition's from).
 _STATUSES: dict[str | None, Status | None] = {None: None, **{s.value: s for s in Status}}
-
-
-class TodoSpec(NamedTuple):
-    """What the plan says about a task, as the store keeps it."""
-
-    id: str
-    position: int
-    title: str
-    priority: str
-    kind: str
-    needs: Sequence[str]
-    spec_hash: str
-    spec: str  # JSON of what the hash covers
-    origin: str = PLAN_ORIGIN  # or who added it (todos.py)
-    role: GuardRole | None = None  # a compensation or a `finally` task; None: the plan's flow
-    protects: str | None = None  # the task a compensation undoes
-
-
-class GuardChange(NamedTuple):
-    """What a transition does to compensations and `finally` tasks, in its own transaction:
-    `arm` them (the protected task completed; a run began its work), `disarm` one (it ran),
-    and `undo`: the task a compensation undid is pending again, so the next run redoes it."""
-
-    arm: Sequence[str] = ()
-    arm_reason: str = ""
-    disarm: str | None = None
-    undo: str | None = None
-
-
-class RunIdentity(NamedTuple):
-    """Who runs: enough to tell later, from another process, whether it is still alive."""
-
-    pid: int
-    started_at: float
-    host: str
-    boot_id: str
 
 
 def runs_dir(store_path: Path) -> Path:

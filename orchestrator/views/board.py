@@ -33,6 +33,7 @@ MARKS = {
     Status.WAITING: ("?", "33;1"),  # an approval gate: a person's turn
 }
 PRIORITY = {"high": "high", "medium": "med", "low": "low"}
+_DONE = frozenset(s for s in Status if s.done)
 
 
 class Painter:
@@ -116,28 +117,30 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
     ]
     title_w = min(max(map(len, titles), default=5), 36)
     for r, title in zip(rows, titles, strict=True):
-        status = r["status"]
+        status, task_id = r["status"], r["id"]
         mark, code = MARKS[status]
         took = format_duration(duration_of(r))
         if status is Status.IN_PROGRESS and r["started_at"]:  # how long it has been running
             took = format_duration(time.time() - r["started_at"]) + "…"
         tries = f"{r['run_attempts']}×" if r["run_attempts"] > 1 else ""  # in its latest run
-        if status.done and r["id"] in stale:  # a skip's `when` reason may no longer hold
-            extra = "stale: " + "; ".join(stale[r["id"]])
-        elif status in (Status.COMPLETED, Status.IN_PROGRESS):
-            extra = summarize(findings.get(r["id"], [])) or (
+        found = findings.get(task_id)
+        if status in _DONE and task_id in stale:  # a skip's `when` reason may no longer hold
+            extra = "stale: " + "; ".join(stale[task_id])
+        elif status is Status.COMPLETED or status is Status.IN_PROGRESS:
+            extra = (summarize(found) if found else "") or (
                 r["reason"] or "" if not r["kind"] else ""
             )
         else:  # why it is not done; else what someone noted on it
-            extra = r["reason"] or summarize(findings.get(r["id"], []))
+            extra = r["reason"] or (summarize(found) if found else "")
         if status is Status.PENDING and role(r):  # what a guard waits to do
             extra = guard_text(r["role"], r["protects"], r["armed_run"])
         head = (
-            f" {mark} {_fit(r['id'], id_w):<{id_w}}  {PRIORITY.get(r['priority'], '?'):<4} "
-            f"{_fit(title, title_w):<{title_w}}  {took:>6} {tries:>3}  "
+            f" {mark} {_fit(task_id, id_w).ljust(id_w)}  "
+            f"{PRIORITY.get(r['priority'], '?').ljust(4)} "
+            f"{_fit(title, title_w).ljust(title_w)}  {took.rjust(6)} {tries.rjust(3)}  "
         )
         line = head + _fit(extra, max(width - len(head), 10))
-        lines.append(paint(line[:3], code) + line[3:])
+        lines.append(paint(line[:3], code) + line[3:] if color else line)
     total = counts(rows)
     parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
     lines.append(f"{plural(len(rows), 'task')}: " + " · ".join(parts) if rows else "no tasks")
