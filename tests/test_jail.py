@@ -8,6 +8,7 @@ real cgroup2 subtree of its own (so nothing another orch on the host made is tou
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import subprocess
@@ -53,6 +54,35 @@ def own_mount(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         procs = cgroup / "cgroup.procs"
         wait_for(lambda: not procs.read_text().split(), what=f"{cgroup} emptied")  # noqa: B023
         cgroup.rmdir()
+
+
+@contextlib.contextmanager
+def jailed(
+    box: Jail, argv: tuple[str, ...] = ("sleep", "300")
+) -> Iterator[subprocess.Popen[bytes]]:
+    """A process started in `box` (its cgroup joined before exec), killed afterwards."""
+    join = box.prepare()
+    assert join is not None
+    child = subprocess.Popen(argv, preexec_fn=join)
+    try:
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+
+
+def marked_python(mark: tuple[str, str], script: str) -> list[str]:
+    """The words `script` printed, run by a Python process carrying `mark` (as orch would,
+    run from a task of another orch)."""
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": python_path()},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
 
 
 def python_path() -> str:
@@ -141,26 +171,18 @@ def test_prepare_reuses_a_cgroup_a_dead_run_left(own_mount: Path) -> None:
     box = Jail(marker(), "cgroup")
     (own_mount / "orch").mkdir()
     (own_mount / "orch" / box.name).mkdir()
-    join = box.prepare()
-    assert join is not None
-    child = subprocess.Popen(["sleep", "300"], preexec_fn=join)
-    try:
+    with jailed(box) as child:
         assert box.members() == [child.pid]
         assert box.end(1.0, child) == [child.pid]
         assert child.returncode is not None
         assert not (own_mount / "orch" / box.name).exists()
-    finally:
-        child.kill()
-        child.wait()
 
 
 @needs_cgroup
 def test_remove_gives_up_on_a_busy_cgroup_after_its_wait(own_mount: Path) -> None:
     box = Jail(marker(), "cgroup")
     (own_mount / "orch").mkdir()
-    join = box.prepare()
-    child = subprocess.Popen(["sleep", "300"], preexec_fn=join)
-    try:
+    with jailed(box) as child:
         box.remove(wait=0.1)  # busy: left for the next run's end()
         assert (own_mount / "orch" / box.name).is_dir()
         child.kill()
@@ -168,9 +190,6 @@ def test_remove_gives_up_on_a_busy_cgroup_after_its_wait(own_mount: Path) -> Non
         box.remove()
         assert not (own_mount / "orch" / box.name).exists()
         box.remove()  # gone already: nothing to do
-    finally:
-        child.kill()
-        child.wait()
 
 
 @needs_cgroup
@@ -178,18 +197,11 @@ def test_cgroup_kill_ends_a_process_that_ignores_sigterm(own_mount: Path) -> Non
     box = Jail(marker(), "cgroup")
     (own_mount / "orch").mkdir()
     cgroup = own_mount / "orch" / box.name
-    join = box.prepare()
-    if not (cgroup / "cgroup.kill").exists():
-        pytest.skip("cgroup.kill needs Linux 5.14+")
-    child = subprocess.Popen(
-        ["sh", "-c", "trap '' TERM; while :; do sleep 1; done"], preexec_fn=join
-    )
-    try:
+    with jailed(box, ("sh", "-c", "trap '' TERM; while :; do sleep 1; done")) as child:
+        if not (cgroup / "cgroup.kill").exists():
+            pytest.skip("cgroup.kill needs Linux 5.14+")
         containment._kill_cgroup(cgroup)
         assert child.wait(timeout=10) == -9
-    finally:
-        child.kill()
-        child.wait()
 
 
 def test_a_live_unmarked_session_is_not_the_jails(tmp_path: Path) -> None:
@@ -225,14 +237,7 @@ def test_a_jail_ended_by_a_process_inside_it_spares_that_process() -> None:
         print("alive", ended == [sibling.pid], sibling.returncode is not None)
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": python_path()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.stdout.split() == ["alive", "True", "True"], done.stderr
+    assert marked_python(mark, script) == ["alive", "True", "True"]
 
 
 def test_ended_orphans_adopted_by_orch_leave_no_zombie() -> None:
@@ -254,14 +259,7 @@ def test_ended_orphans_adopted_by_orch_leave_no_zombie() -> None:
         print(ppid == os.getpid(), ended == [orphan], os.path.exists(f"/proc/{{orphan}}"))
         """
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        env={**os.environ, mark[0]: mark[1], "PYTHONPATH": python_path()},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.stdout.split() == ["True", "True", "False"], done.stderr
+    assert marked_python(mark, script) == ["True", "True", "False"]
 
 
 def test_no_cgroup2_at_all_a_jail_still_ends_its_processes(monkeypatch: pytest.MonkeyPatch) -> None:
