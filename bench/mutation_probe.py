@@ -97,8 +97,9 @@ class Mutant:
         return f"{self.old!r} -> {self.new!r}"
 
 
-def mutants(source: str) -> list[Mutant]:
-    """Every mutation of `source`, in line order (tokens only: strings and comments are left)."""
+def mutants(source: str, span: tuple[int, int] | None = None) -> list[Mutant]:
+    """Every mutation of `source`, in line order (tokens only: strings and comments are left);
+    with `span`, only those on lines FIRST-LAST."""
     found: list[Mutant] = []
     toks = list(tokenize.generate_tokens(io.StringIO(source).readline))
     for i, tok in enumerate(toks):
@@ -133,6 +134,8 @@ def mutants(source: str) -> list[Mutant]:
     # "in" inside "for x in" is not a comparison: keep only mutants that still parse.
     lines = source.splitlines(keepends=True)
     ok = []
+    if span is not None:  # a part of a large module, measured in a run of its own
+        found = [m for m in found if span[0] <= m.line <= span[1]]
     for m in sorted(set(found), key=lambda m: (m.line, m.col, m.new)):
         try:
             ast.parse("".join(m.apply(lines)))
@@ -399,9 +402,7 @@ def probe(
     path = root / module
     original = path.read_text()
     lines = original.splitlines(keepends=True)
-    todo = mutants(original)[:limit]
-    if span is not None:  # a part of a large module, measured in a run of its own
-        todo = [m for m in todo if span[0] <= m.line <= span[1]]
+    todo = mutants(original, span)[:limit]
     if again is not None:  # the survivors of an earlier run only (the tests have grown since)
         todo = [m for m in todo if (lines[m.line - 1].strip(), m.col, m.describe()) in again]
     # The whole files once, unmutated: they must pass (a mutant's tests are fewer, with -x).
@@ -583,9 +584,7 @@ def main() -> int:
         ap.error(f"no module {a.module} under {a.root}")
     if a.list:
         lines = (a.root / a.module).read_text().splitlines()
-        for m in mutants((a.root / a.module).read_text()):
-            if a.lines and not a.lines[0] <= m.line <= a.lines[1]:
-                continue
+        for m in mutants((a.root / a.module).read_text(), a.lines):
             print(f"{a.module}:{m.line}: {m.describe()}  | {lines[m.line - 1].strip()}")
         return 0
     again = survivors_of(a.survivors_of, a.module) if a.survivors_of else None
