@@ -403,3 +403,135 @@ def test_a_python_tasks_timeout_holds_in_a_worker_thread(pdir: PlanDir) -> None:
         assert pdir.statuses() == {"a": "failed", "b": "failed", "c": "completed"}
         for task in ("a", "b"):
             assert pdir.todo(task)["last_error"] == "timed out after 500ms", jobs
+
+
+def stubborn_tasks(pdir: PlanDir, count: int) -> Path:
+    """`count` shell tasks whose processes ignore SIGTERM, so that ending each takes its whole
+    grace (2 s) and then a SIGKILL. Each task's leader starts a helper in a session of its own,
+    out of the group's reach: only the task's jail ends it. Each writes its pid to `pids`."""
+    script = pdir.root / "stubborn.sh"
+    script.write_text(
+        "trap '' TERM\n"
+        f"echo $$ >> {pdir.root}/pids\n"
+        f'[ "$1" = lead ] && setsid bash {script} helper &\n'
+        "while :; do sleep 0.1; done\n"
+    )
+    return pdir.write(
+        "name: t\ntasks:\n"
+        + "".join(
+            f"  - {{id: s{i}, kind: shell, params: {{grace: 2, command: 'bash {script} lead'}}}}\n"
+            for i in range(count)
+        )
+    )
+
+
+def interrupt_when_running(pdir: PlanDir, plan: Path, jobs: int, ctrl_cs: int) -> list[int]:
+    """Run `plan` with `--jobs`, send Ctrl-C `ctrl_cs` times (a second one 0.5 s into the
+    grace) once `jobs` tasks and their helpers run, and return their pids once orch has exited
+    130."""
+    runner = start_orch("run", plan, "--jobs", str(jobs))
+    pids_file = pdir.root / "pids"
+    wait_for(
+        lambda: pids_file.exists() and len(pids_file.read_text().split()) == 2 * jobs,
+        what=f"{jobs} tasks running",
+    )
+    for _ in range(ctrl_cs):
+        runner.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+    runner.communicate(timeout=60)
+    assert runner.returncode == 130
+    assert sorted(pdir.statuses().values()) == ["interrupted"] * jobs
+    return [int(p) for p in pids_file.read_text().split()]
+
+
+def test_one_ctrl_c_ends_tasks_that_take_their_whole_grace_to_end(pdir: PlanDir) -> None:
+    """Each task's thread is interrupted once: the interrupt is not repeated into the grace
+    period it spends ending its processes, which would leave them alive (a flake under load)."""
+    pids = interrupt_when_running(pdir, stubborn_tasks(pdir, 2), jobs=2, ctrl_cs=1)
+    assert not [p for p in pids if pid_alive(p)]
+
+
+def test_a_second_ctrl_c_in_the_grace_period_still_ends_every_group(pdir: PlanDir) -> None:
+    """As with one task at a time (terminate_pids holds Ctrl-C back), a second Ctrl-C while
+    task threads end their processes is held until each has ended them."""
+    pids = interrupt_when_running(pdir, stubborn_tasks(pdir, 2), jobs=2, ctrl_cs=2)
+    assert not [p for p in pids if pid_alive(p)]
+
+
+TIDY = """\
+import time
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def tidy(name):
+    (HERE / f"{name}.running").touch()
+    try:
+        while True:
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for _ in range(30):
+            time.sleep(0.05)
+        (HERE / f"{name}.tidied").touch()
+        raise
+
+
+def deaf():
+    (HERE / "deaf.running").touch()
+    while True:
+        try:
+            while True:
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            if (HERE / "deaf.heard").exists():
+                raise
+            (HERE / "deaf.heard").touch()
+"""
+
+
+def test_a_task_that_tidies_up_after_ctrl_c_is_interrupted_once(pdir: PlanDir) -> None:
+    """A `python` task that catches Ctrl-C to tidy up for 1.5 s finishes tidying with --jobs 2
+    as it does alone: its thread is told of one Ctrl-C once, not again every half second."""
+    (pdir.root / "tidy.py").write_text(TIDY)
+    plan = pdir.write(
+        "name: t\ntasks:\n"
+        + "".join(
+            f"  - {{id: {i}, kind: python, params: {{function: 'tidy:tidy', args: {{name: {i}}}}}}}"
+            "\n"
+            for i in ("a", "b")
+        )
+    )
+    for jobs in ("2", "1"):
+        for mark in [*pdir.root.glob("*.tidied"), *pdir.root.glob("*.running")]:
+            mark.unlink()
+        runner = start_orch("run", plan, "--jobs", jobs)
+        wait_for(lambda: (pdir.root / "a.running").exists(), what="a running")
+        if jobs == "2":
+            wait_for(lambda: (pdir.root / "b.running").exists(), what="b running")
+        runner.send_signal(signal.SIGINT)
+        runner.communicate(timeout=30)
+        assert runner.returncode == 130
+        assert (pdir.root / "a.tidied").exists(), jobs
+        assert (pdir.root / "b.tidied").exists() == (jobs == "2")
+
+
+def test_a_second_ctrl_c_reaches_a_task_that_ignored_the_first(pdir: PlanDir) -> None:
+    """A task that swallows a Ctrl-C goes on running, as it would alone; a second Ctrl-C is
+    passed on to its thread too, and the run ends."""
+    (pdir.root / "tidy.py").write_text(TIDY)
+    plan = pdir.write(
+        "name: t\ntasks:\n  - {id: a, kind: python, params: {function: 'tidy:deaf'}}\n"
+        "  - {id: b, kind: shell, params: {command: 'sleep 60'}}\n"
+    )
+    runner = start_orch("run", plan, "--jobs", "2")
+    wait_for(lambda: (pdir.root / "deaf.running").exists(), what="a running")
+    wait_for(lambda: pdir.status_of("b") == "in_progress", what="b running")
+    runner.send_signal(signal.SIGINT)
+    wait_for(lambda: (pdir.root / "deaf.heard").exists(), what="a hearing Ctrl-C")
+    wait_for(lambda: pdir.status_of("b") == "interrupted", what="b interrupted")
+    assert runner.poll() is None  # a goes on
+    runner.send_signal(signal.SIGINT)
+    runner.communicate(timeout=30)
+    assert runner.returncode == 130
+    assert pdir.statuses() == {"a": "interrupted", "b": "interrupted"}

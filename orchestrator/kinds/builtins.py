@@ -20,7 +20,8 @@ from orchestrator.core.sizes import parse_size
 from orchestrator.core.umask import user_umask
 from orchestrator.kinds import registry
 from orchestrator.kinds.task import CheckResult, Command, Context, Precondition, Task
-from orchestrator.proc.procfs import raise_in_thread, terminate_group
+from orchestrator.proc.interrupts import raise_in_thread
+from orchestrator.proc.procfs import terminate_group
 from orchestrator.proc.spawn import LOG_LIMIT
 
 # fails the task (`dd: invalid number` must not complete with the last run's file), and so

@@ -13,6 +13,8 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
+from orchestrator.proc.interrupts import hold_interrupts
+
 
 def terminate_group(
     pgid: int,
@@ -37,14 +39,8 @@ def terminate_pids(
     Ctrl-C and SIGTERM to orch are held back meanwhile (and delivered after): a second Ctrl-C
     during the grace period must not leave the group half-ended.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
-    try:
+    with hold_interrupts():
         return _terminate(pids, grace, leader)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
-
-
-INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 
 def _terminate(pids: list[int], grace: float, leader: subprocess.Popen[Any] | None) -> list[int]:
@@ -191,21 +187,3 @@ def tail(path: Path, count: int, offset: int = 0) -> list[str]:
         return []
     lines = [ln for ln in data.decode("utf-8", "replace").splitlines() if ln.strip()]
     return lines[-count:]
-
-
-def raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> None:
-    """`exc` raised in the thread `thread_id` at its next Python instruction (how Ctrl-C and a
-    timeout reach a task's thread, where no signal can be handled); None clears one set there
-    and not yet raised."""
-    import ctypes  # only for tasks in threads: not on every start
-
-    pending = ctypes.py_object(exc) if exc is not None else ctypes.c_void_p(0)
-    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread_id), pending)
-
-
-def nap(seconds: float) -> None:
-    """Sleep in slices: a task thread takes an interrupt (raise_in_thread) only between two
-    bytecodes."""
-    end = time.monotonic() + seconds
-    while (left := end - time.monotonic()) > 0:
-        time.sleep(min(left, 0.1))

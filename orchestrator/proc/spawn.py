@@ -28,8 +28,8 @@ from orchestrator.core.errors import TaskError, TaskTimeout
 from orchestrator.core.redact import Masker, active, mask
 from orchestrator.core.umask import user_umask
 from orchestrator.proc.containment import jail
+from orchestrator.proc.interrupts import hold_interrupts
 from orchestrator.proc.procfs import (
-    INTERRUPTS,
     group_members,
     last_line,
     process_start_time,
@@ -92,7 +92,7 @@ def run_process(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     # A Ctrl-C or SIGTERM that lands while the child is being forked, before `proc` is known
     # to the `try` below, would leave it running: they are held until that `try` is entered.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    held = hold_interrupts()
     try:
         with log_path.open("ab") as log:
             log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
@@ -108,18 +108,19 @@ def run_process(
                 env=full_env,
                 cwd=cwd,
                 start_new_session=True,  # own session => own process group, no terminal SIGINT
-                preexec_fn=_child_setup(held, box.prepare() if box else None),
+                preexec_fn=_child_setup(held.mask_before, box.prepare() if box else None),
                 umask=user_umask(),
             )
     except BaseException:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        held.release()
         raise
     pump = _Pump(proc.stdout, log_path) if proc.stdout is not None else None
 
     def end() -> None:
-        terminate_group(proc.pid, grace, proc)
-        if box is not None:
-            box.end(grace, proc)
+        with hold_interrupts():  # a second Ctrl-C must not leave the group or the jail half-ended
+            terminate_group(proc.pid, grace, proc)
+            if box is not None:
+                box.end(grace, proc)
 
     cap = LogCap(log_path, offset, log_limit) if log_limit is not None else None
     watch = None
@@ -130,7 +131,7 @@ def run_process(
 
         watch = StallWatcher(stall, members, log_path, offset, evidence_path(log_path))
     try:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a held Ctrl-C is raised here
+        held.release()  # a Ctrl-C held meanwhile is raised here
         if on_start is not None:
             on_start(proc.pid, process_start_time(proc.pid) or 0.0)
         next_note = started + PROGRESS_EVERY

@@ -27,7 +27,8 @@ from orchestrator.kinds.task import Context
 from orchestrator.plan.model import Plan, PlannedTask
 from orchestrator.plan.templating import evaluate_when
 from orchestrator.proc.containment import jail
-from orchestrator.proc.procfs import nap, tail
+from orchestrator.proc.interrupts import nap
+from orchestrator.proc.procfs import tail
 from orchestrator.proc.stalls import MAX_RESTARTS, StallPolicy, StallReport, TaskStalled
 from orchestrator.run import approvals
 from orchestrator.run.approvals import approve_command

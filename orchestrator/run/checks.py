@@ -16,7 +16,7 @@ from orchestrator.core.errors import TemplateError
 from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask
 from orchestrator.plan.templating import Ref, bash_params, resolve
 from orchestrator.plan.trust import choosing_code
-from orchestrator.proc.procfs import nap
+from orchestrator.proc.interrupts import nap
 from orchestrator.run.confine import confine
 from orchestrator.store.db import Store
 

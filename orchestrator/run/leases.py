@@ -34,7 +34,7 @@ from orchestrator.core.periodic import every
 from orchestrator.kinds.registry import POOL_GROUP, resolve
 from orchestrator.kinds.task import PoolUnavailable
 from orchestrator.plan.model import PlannedTask
-from orchestrator.proc.procfs import nap
+from orchestrator.proc.interrupts import nap
 from orchestrator.store.db import Store
 
 LEASE_KIND = "lease"  # a resources row for a pool member (a GPU) leased to a task

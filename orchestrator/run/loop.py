@@ -18,7 +18,6 @@ import hashlib
 import heapq
 import os
 import shlex
-import signal
 import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -35,7 +34,7 @@ from orchestrator.core.errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING
 from orchestrator.core.status import RunOutcome, Status
 from orchestrator.kinds import registry
 from orchestrator.plan.model import Plan, PlannedTask
-from orchestrator.proc.procfs import INTERRUPTS, raise_in_thread
+from orchestrator.proc.interrupts import hold_interrupts, raise_in_thread
 from orchestrator.run import runlog
 from orchestrator.run.attempt import PROCESS_MARKER as PROCESS_MARKER  # importable from here
 from orchestrator.run.attempt import Attempts, Tally, read_todos, signal_name
@@ -249,15 +248,12 @@ class Runner:
         except KeyboardInterrupt as exc:
             # Wherever the interrupt landed (even between two commits), close the run and its
             # tasks together; a second Ctrl-C is held back until that is committed.
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
-            try:
+            with hold_interrupts():
                 self.store.close_run(
                     self.run_id, RunOutcome.INTERRUPTED, f"stopped by {signal_name(exc)}"
                 )
                 self.not_started(f"the run was stopped by {signal_name(exc)}")
                 self.log.error("run.interrupted", by=signal_name(exc))
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
             raise
         if self.options.rollback:
             return self.result(RunOutcome.COMPLETED)
@@ -342,13 +338,20 @@ class Runner:
     def stop_threads(self, running: dict[Future[None], PlannedTask]) -> None:
         """Ctrl-C (or a failure of the run itself) while tasks run in threads: each gets the
         interrupt the main thread got, ends its processes and records itself interrupted, as a
-        task alone does; then the run ends. A second Ctrl-C meanwhile is passed on too."""
+        task alone does; then the run ends. Each task is told once per Ctrl-C: told again while
+        it ends its processes and records itself, it would hold the interrupt until its group
+        has ended (hold_interrupts), then stop recording. A task that starts meanwhile is told
+        as it starts; a second Ctrl-C is passed on to all."""
+        told: set[str] = set()
         while running:
-            for tid in list(self.threads.values()):
-                raise_in_thread(tid, KeyboardInterrupt)
+            for task_id, tid in list(self.threads.items()):
+                if task_id not in told:
+                    told.add(task_id)
+                    raise_in_thread(tid, KeyboardInterrupt)
             try:
                 done, _ = wait(running, timeout=0.5)
             except KeyboardInterrupt:
+                told.clear()
                 continue
             for future in done:
                 running.pop(future)

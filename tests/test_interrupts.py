@@ -1,0 +1,86 @@
+"""hold_interrupts(): Ctrl-C held back and delivered after, as a signal to the main thread
+and as raise_in_thread to a task's thread, with real threads and real signals."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from orchestrator.proc.interrupts import hold_interrupts, raise_in_thread
+
+
+class Worker(threading.Thread):
+    """A thread that holds interrupts for `held` steps of 10 ms (the first half in a nested
+    hold when `nested`), then spins for 3 s, and records where an interrupt reached it."""
+
+    def __init__(self, held: int, nested: bool = False) -> None:
+        super().__init__(daemon=True)
+        self.held, self.nested = held, nested
+        self.inside = threading.Event()
+        self.steps_held = 0
+        self.reached = "nowhere"
+
+    def step(self, count: int) -> None:
+        for _ in range(count):
+            time.sleep(0.01)
+            self.steps_held += 1
+
+    def run(self) -> None:
+        try:
+            with hold_interrupts():
+                self.inside.set()
+                if self.nested:
+                    with hold_interrupts():
+                        self.step(self.held // 2)
+                self.step(self.held - self.steps_held)
+            for _ in range(300):
+                time.sleep(0.01)
+        except KeyboardInterrupt:
+            self.reached = "after the hold" if self.steps_held == self.held else "in the hold"
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_interrupt_sent_to_a_holding_thread_lands_after_the_hold(nested: bool) -> None:
+    worker = Worker(held=30, nested=nested)
+    worker.start()
+    worker.inside.wait(5)
+    assert worker.ident is not None
+    raise_in_thread(worker.ident, KeyboardInterrupt)
+    worker.join(10)
+    assert worker.reached == "after the hold"
+
+
+def test_none_clears_an_interrupt_held_for_a_thread() -> None:
+    worker = Worker(held=30)
+    worker.start()
+    worker.inside.wait(5)
+    assert worker.ident is not None
+    raise_in_thread(worker.ident, KeyboardInterrupt)
+    raise_in_thread(worker.ident, None)
+    worker.join(10)
+    assert worker.reached == "nowhere"
+
+
+def test_an_interrupt_to_a_thread_not_holding_lands_at_once() -> None:
+    worker = Worker(held=0)
+    worker.start()
+    time.sleep(0.1)
+    assert worker.ident is not None
+    raise_in_thread(worker.ident, KeyboardInterrupt)
+    worker.join(2)  # not the 3 s it spins for
+    assert not worker.is_alive()
+    assert worker.reached == "after the hold"
+
+
+def test_ctrl_c_to_the_main_thread_is_delivered_after_the_hold() -> None:
+    done_inside = False
+    with pytest.raises(KeyboardInterrupt), hold_interrupts():
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(0.05)  # a signal not blocked would be raised here
+        done_inside = True
+    assert done_inside
+    assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
