@@ -43,26 +43,24 @@ class Worker(threading.Thread):
             self.reached = "after the hold" if self.steps_held == self.held else "in the hold"
 
 
-@pytest.mark.parametrize("nested", [False, True])
-def test_an_interrupt_sent_to_a_holding_thread_lands_after_the_hold(nested: bool) -> None:
-    worker = Worker(held=30, nested=nested)
+def interrupt(worker: Worker, *then: type[BaseException] | None) -> Worker:
+    """Start `worker`, interrupt it once it holds, then send `then`; wait for its end."""
     worker.start()
     worker.inside.wait(5)
     assert worker.ident is not None
-    raise_in_thread(worker.ident, KeyboardInterrupt)
+    for exc in (KeyboardInterrupt, *then):
+        raise_in_thread(worker.ident, exc)
     worker.join(10)
-    assert worker.reached == "after the hold"
+    return worker
+
+
+@pytest.mark.parametrize("nested", [False, True])
+def test_an_interrupt_sent_to_a_holding_thread_lands_after_the_hold(nested: bool) -> None:
+    assert interrupt(Worker(held=30, nested=nested)).reached == "after the hold"
 
 
 def test_none_clears_an_interrupt_held_for_a_thread() -> None:
-    worker = Worker(held=30)
-    worker.start()
-    worker.inside.wait(5)
-    assert worker.ident is not None
-    raise_in_thread(worker.ident, KeyboardInterrupt)
-    raise_in_thread(worker.ident, None)
-    worker.join(10)
-    assert worker.reached == "nowhere"
+    assert interrupt(Worker(held=30), None).reached == "nowhere"
 
 
 def test_an_interrupt_to_a_thread_not_holding_lands_at_once() -> None:
