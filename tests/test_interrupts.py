@@ -3,6 +3,8 @@ and as raise_in_thread to a task's thread, with real threads and real signals.""
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import os
 import signal
 import threading
@@ -10,7 +12,7 @@ import time
 
 import pytest
 
-from orchestrator.proc.interrupts import hold_interrupts, raise_in_thread
+from orchestrator.proc.interrupts import hold_interrupts, nap, raise_in_thread
 
 
 class Worker(threading.Thread):
@@ -82,3 +84,61 @@ def test_ctrl_c_to_the_main_thread_is_delivered_after_the_hold() -> None:
         done_inside = True
     assert done_inside
     assert signal.SIGINT not in signal.pthread_sigmask(signal.SIG_BLOCK, set())
+
+
+def test_an_interrupt_pending_as_a_hold_begins_leaves_the_thread_interruptible() -> None:
+    """An interrupt set on a thread just before its hold registers (here: while it waits for
+    the registry's lock) lands in the registering: the thread is then not left holding, deaf
+    to every later interrupt."""
+    from orchestrator.proc import interrupts
+
+    worker = Worker(held=30)
+    with interrupts._holding_lock:  # the worker blocks in Held() on this lock
+        worker.start()
+        time.sleep(0.2)
+        assert worker.ident is not None
+        ctypes.pythonapi.PyThreadState_SetAsyncExc(
+            ctypes.c_ulong(worker.ident), ctypes.py_object(KeyboardInterrupt)
+        )
+    worker.join(5)
+    assert worker.reached == "in the hold" and not worker.inside.is_set()
+    assert worker.ident not in interrupts._holding
+
+
+def test_none_clears_an_interrupt_set_on_a_thread_not_holding() -> None:
+    """How a timer's TaskTimeout is withdrawn once its block ended (builtins._thread_alarm)."""
+    ended = threading.Event()
+
+    def sleep_then_end() -> None:
+        time.sleep(0.5)  # one C call: nothing is raised before it returns
+        ended.set()
+
+    thread = threading.Thread(target=sleep_then_end, daemon=True)
+    thread.start()
+    time.sleep(0.1)
+    assert thread.ident is not None
+    raise_in_thread(thread.ident, KeyboardInterrupt)
+    raise_in_thread(thread.ident, None)
+    thread.join(5)
+    assert ended.is_set()
+
+
+def test_a_nap_lasts_its_time_and_an_interrupt_ends_it_within_a_slice() -> None:
+    started = time.monotonic()
+    nap(0.3)
+    assert time.monotonic() - started >= 0.3
+    napped: list[float] = []
+
+    def long_nap() -> None:
+        begun = time.monotonic()
+        with contextlib.suppress(KeyboardInterrupt):
+            nap(30)
+        napped.append(time.monotonic() - begun)
+
+    thread = threading.Thread(target=long_nap, daemon=True)
+    thread.start()
+    time.sleep(0.2)
+    assert thread.ident is not None
+    raise_in_thread(thread.ident, KeyboardInterrupt)
+    thread.join(10)
+    assert napped and napped[0] < 10

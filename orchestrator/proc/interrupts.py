@@ -22,25 +22,23 @@ _holding_lock = threading.Lock()
 
 
 class Held:
-    """Interrupts held back from `hold_interrupts()` until `release()` (or the `with` block's
-    end), which delivers the last one that came, as the kernel delivers a blocked signal."""
+    """Interrupts held back from `hold_interrupts()` until `release()`, called once (or the
+    `with` block's end), which delivers the last one that came, as the kernel delivers a
+    blocked signal."""
 
     def __init__(self) -> None:
         self.mask_before = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
         self.thread = threading.get_ident()
-        self.released, self.outermost = False, False
+        self.outermost = False
         try:
             with _holding_lock:
                 self.outermost = self.thread not in _holding  # a nested hold releases nothing
                 _holding.setdefault(self.thread, None)
-        except BaseException:  # one raised in this thread just before the hold: not lost
+        except BaseException:  # one raised in this thread just before the hold: not kept
             self.release()
             raise
 
     def release(self) -> None:
-        if self.released:
-            return
-        self.released = True
         came = None
         if self.outermost:
             with _holding_lock:
@@ -49,8 +47,8 @@ class Held:
         if came is not None:
             raise_in_thread(self.thread, came)  # at this thread's next instruction
 
-    def __enter__(self) -> Held:
-        return self
+    def __enter__(self) -> None:
+        """Nothing more: the hold began when it was made."""
 
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
