@@ -459,16 +459,13 @@ def stoppable() -> None:
     the shell did. Call it in the main thread of a process that runs a plan."""
     import signal
 
-    from orchestrator.core.errors import Interrupted
+    from orchestrator.proc.interrupts import on_signal
 
-    def interrupt(signum: int, frame: object) -> None:
-        raise Interrupted(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, interrupt)  # first thing: SIGTERM at any moment exits 130
-    signal.signal(signal.SIGHUP, interrupt)
+    signal.signal(signal.SIGTERM, on_signal)  # first thing: SIGTERM at any moment exits 130
+    signal.signal(signal.SIGHUP, on_signal)
     # Started with `&` from a script, orch inherits SIGINT ignored (POSIX) and Python then
     # installs no handler: `kill -INT` would do nothing. A run must always be stoppable.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGINT, on_signal)
 
 
 class _EventFeed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import sys
 import threading
@@ -116,18 +117,19 @@ def test_process_tree_and_listener_probes() -> None:
 
     from probes.procs import listeners, process_tree
 
-    parent = subprocess.Popen(["bash", "-c", "sleep 30 & wait"])
+    parent = subprocess.Popen(["bash", "-c", "sleep 30 & wait"], start_new_session=True)
     try:
-        for _ in range(100):
+        # Until the child has exec'd sleep: forked, it is still called bash (under load, seen).
+        for _ in range(500):
             tree = process_tree(parent.pid)
-            if len(tree) >= 2:
+            if any(p.name == "sleep" for p in tree[1:]):
                 break
             time.sleep(0.02)
         assert [p.pid for p in tree][0] == parent.pid
         assert any(p.name == "sleep" for p in tree[1:])
         assert "bash" in tree[0].label()
     finally:
-        parent.kill()
+        os.killpg(parent.pid, signal.SIGKILL)  # the sleep too, not only bash
         parent.wait()
     with _listen() as s:
         (held,) = listeners(s.getsockname()[1])

@@ -551,7 +551,8 @@ def test_the_flagship_restores_vllm_when_the_install_fails(sandbox: Sandbox, pdi
         return {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
 
     tasks = flagship()
-    assert tasks["stop_vllm"]["status"] == "pending", tasks["stop_vllm"]
+    board = {k: (t["status"], t["reason"]) for k, t in tasks.items()}
+    assert tasks["stop_vllm"]["status"] == "pending", board
     assert tasks["stop_vllm"]["reason"] == "undone by restore_vllm"
     assert tasks["free_gpus"]["status"] == "completed"
     assert tasks["install_sglang"]["status"] == "failed"

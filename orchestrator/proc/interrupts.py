@@ -1,10 +1,14 @@
 """How Ctrl-C (and SIGTERM, SIGHUP) reaches the code that runs a task, and how it is held back
 where it must not land: between forking a child and knowing its pid, or while ending a group.
 
-The main thread gets them as signals. A task run in a thread (`--jobs N`) cannot handle a
-signal, so the main thread passes the interrupt on with `raise_in_thread`, and a timeout
-reaches it the same way. `hold_interrupts()` holds both kinds back and delivers them after,
-so that a second Ctrl-C never leaves a group half-ended, whichever thread ends it.
+The main thread gets them as signals: Python runs every handler there. A task run in a thread
+(`--jobs N`) cannot handle a signal, so the main thread passes the interrupt on with
+`raise_in_thread`, and a timeout reaches it the same way. `hold_interrupts()` holds both
+kinds back and delivers them after, so that a second Ctrl-C never leaves a group half-ended,
+whichever thread ends it. The main thread's signal mask alone cannot hold a signal once other
+threads exist: the kernel gives a process's signal to any thread that does not block it, and
+Python still runs the handler in the main thread. So orch's handler (`on_signal`) itself
+defers while the main thread holds.
 """
 
 from __future__ import annotations
@@ -12,12 +16,14 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from types import TracebackType
+from types import FrameType, TracebackType
+
+from orchestrator.core.errors import Interrupted
 
 INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 # Threads inside hold_interrupts(), each with the interrupt that came meanwhile (None: none yet).
-_holding: dict[int, type[BaseException] | None] = {}
+_holding: dict[int, BaseException | type[BaseException] | None] = {}
 _holding_lock = threading.Lock()
 
 
@@ -45,7 +51,7 @@ class Held:
                 came = _holding.pop(self.thread, None)
         signal.pthread_sigmask(signal.SIG_SETMASK, self.mask_before)  # a held signal: here
         if came is not None:
-            raise_in_thread(self.thread, came)  # at this thread's next instruction
+            raise came
 
     def __enter__(self) -> None:
         """Nothing more: the hold began when it was made."""
@@ -58,6 +64,19 @@ class Held:
 
 def hold_interrupts() -> Held:
     return Held()
+
+
+def on_signal(signum: int, frame: FrameType | None) -> None:
+    """The handler for Ctrl-C, SIGTERM and SIGHUP (api.stoppable): KeyboardInterrupt, or
+    Interrupted naming the signal, raised now, or when the main thread's hold ends."""
+    exc = (
+        KeyboardInterrupt() if signum == signal.SIGINT else Interrupted(signal.Signals(signum).name)
+    )
+    with _holding_lock:
+        if (me := threading.get_ident()) in _holding:
+            _holding[me] = exc
+            return
+    raise exc
 
 
 def raise_in_thread(thread_id: int, exc: type[BaseException] | None) -> None:
