@@ -141,9 +141,10 @@ def test_none_clears_an_interrupt_set_on_a_thread_not_holding() -> None:
 
 
 def test_a_nap_lasts_its_time_and_an_interrupt_ends_it_within_a_slice() -> None:
-    started = time.monotonic()
+    started, cpu = time.monotonic(), time.thread_time()
     nap(0.3)
     assert time.monotonic() - started >= 0.3
+    assert time.thread_time() - cpu < 0.05  # asleep, not spinning
     napped: list[float] = []
 
     def long_nap() -> None:
@@ -159,3 +160,13 @@ def test_a_nap_lasts_its_time_and_an_interrupt_ends_it_within_a_slice() -> None:
     raise_in_thread(thread.ident, KeyboardInterrupt)
     thread.join(10)
     assert napped and napped[0] < 10
+
+
+def test_a_signal_outside_a_hold_is_raised_at_once() -> None:
+    previous = signal.signal(signal.SIGINT, on_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    finally:
+        signal.signal(signal.SIGINT, previous)
