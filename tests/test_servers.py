@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from orchestrator import Context
+from orchestrator.proc.containment import jail
 from orchestrator.proc.procfs import marked
 from probes.procs import listeners
 from tasks.loadgen import (
@@ -36,6 +37,13 @@ from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_f
 from sglang_shapes import GENERATE_FINAL_CHUNK
 
 STUB = str(Path(__file__).with_name("openai_stub.py"))
+
+
+def marker_of(pid: int, name: str) -> tuple[str, str]:
+    """The (NAME, VALUE) of an environment marker that process `pid` carries."""
+    env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    (value,) = [v.partition(b"=")[2] for v in env if v.startswith(f"{name}=".encode())]
+    return name, value.decode()
 
 
 def marked_processes(within: Path, prefix: str = "ORCH_SERVER=") -> list[int]:
@@ -446,8 +454,11 @@ def test_a_rollback_with_nothing_armed_still_ends_a_killed_runs_server(tmp_path:
     assert "left running by an earlier run" in r.stderr
     assert not any(pid_alive(pid) for pid in first)
     assert r.stdout.startswith("t · run #2 completed"), r.stdout
+    waiting_pids = marked_processes(tmp_path, "ORCH_TASK=1:wait:")
+    (waiting,) = {marker_of(pid, "ORCH_TASK") for pid in waiting_pids}
     flag.touch()  # a task's leftover is the next `orch run`'s to end (end_leftovers)
     wait_for(lambda: not marked_processes(tmp_path, "ORCH_TASK=1:wait:"), what="wait's end")
+    jail(waiting).end(grace=1.0)  # as that run would: its jail's cgroup is not left behind
 
 
 def test_a_server_process_that_leaves_its_group_is_ended_too(tmp_path: Path) -> None:
