@@ -7,12 +7,17 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from orchestrator.proc.interrupts import hold_interrupts, nap, on_signal, raise_in_thread
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Worker(threading.Thread):
@@ -170,3 +175,24 @@ def test_a_signal_outside_a_hold_is_raised_at_once() -> None:
             time.sleep(5)
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_a_signal_whose_handler_runs_while_the_registry_is_locked_is_raised() -> None:
+    """Python runs a handler between two instructions of the main thread, also inside a block
+    that holds the registry's lock (raise_in_thread at a second Ctrl-C): the handler takes it
+    again rather than wait for itself forever."""
+    script = (
+        "import os, signal, time\n"
+        "from orchestrator.proc import interrupts\n"
+        "signal.signal(signal.SIGINT, interrupts.on_signal)\n"
+        "try:\n"
+        "    with interrupts._holding_lock:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        time.sleep(1)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    r = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=30, cwd=ROOT
+    )
+    assert r.stdout == "interrupted\n", r.stderr

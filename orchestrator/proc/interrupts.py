@@ -24,7 +24,9 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
 
 # Threads inside hold_interrupts(), each with the interrupt that came meanwhile (None: none yet).
 _holding: dict[int, BaseException | type[BaseException] | None] = {}
-_holding_lock = threading.Lock()
+# Reentrant: on_signal takes it in the main thread, maybe between two instructions of a block
+# that holds it there already (raise_in_thread from stop_threads at a second Ctrl-C).
+_holding_lock = threading.RLock()
 
 
 class Held:
@@ -46,10 +48,12 @@ class Held:
 
     def release(self) -> None:
         came = None
-        if self.outermost:
-            with _holding_lock:
-                came = _holding.pop(self.thread, None)
-        signal.pthread_sigmask(signal.SIG_SETMASK, self.mask_before)  # a held signal: here
+        try:
+            if self.outermost:
+                with _holding_lock:
+                    came = _holding.pop(self.thread, None)
+        finally:  # even if a signal's handler raises in between: the mask is never left blocked
+            signal.pthread_sigmask(signal.SIG_SETMASK, self.mask_before)  # a held signal: here
         if came is not None:
             raise came
 
