@@ -151,11 +151,14 @@ def run_tests(
     """('pass' | 'fail' | 'timeout', the output's tail) for the tests (files or node ids), run
     from `root`; `extra`: environment added (the tracer's, for the coverage run)."""
     # ORCH_TEST_SHARED_TMP: a verdict on the mutant, not on /tmp, which other work shares.
+    # A TMPDIR of the run's own, removed here: a run killed at its timeout cannot clean up.
+    tmp = tempfile.mkdtemp(prefix="mutprobe-run-")
     env = {
         **os.environ,
         "PYTHONPATH": str(root),
         "PYTHONDONTWRITEBYTECODE": "1",
         "ORCH_TEST_SHARED_TMP": "1",
+        "TMPDIR": tmp,
         **(extra or {}),
     }
     # Every process of this run carries a marker of its own: what a mutant left running (an
@@ -178,6 +181,7 @@ def run_tests(
             verdict = "timeout"
         finally:
             _end_marked(marker)
+            shutil.rmtree(tmp, ignore_errors=True)
         out.seek(0)
         return verdict, out.read()[-3000:].decode(errors="replace")
 
