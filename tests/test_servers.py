@@ -444,18 +444,19 @@ def test_a_rollback_with_nothing_armed_still_ends_a_killed_runs_server(tmp_path:
     """
     plan = pd.write(stub_plan(free_port(), extra=extra))
     orch = start_orch("run", plan, cwd=tmp_path)
-    wait_for(lambda: pd.status_of("wait") == "in_progress", timeout=30, what="wait running")
+    # Its process, not only its status: in_progress is committed before the spawn.
+    wait_for(lambda: marked_processes(tmp_path, "ORCH_TASK=1:wait:"), 30, "wait running")
     os.killpg(orch.pid, signal.SIGKILL)
     orch.communicate()
     first = marked_processes(tmp_path, "ORCH_SERVER=launch@1:")
     assert first
+    waiting_pids = marked_processes(tmp_path, "ORCH_TASK=1:wait:")
+    (waiting,) = {marker_of(pid, "ORCH_TASK") for pid in waiting_pids}
     r = run_orch("rollback", plan, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "left running by an earlier run" in r.stderr
     assert not any(pid_alive(pid) for pid in first)
     assert r.stdout.startswith("t · run #2 completed"), r.stdout
-    waiting_pids = marked_processes(tmp_path, "ORCH_TASK=1:wait:")
-    (waiting,) = {marker_of(pid, "ORCH_TASK") for pid in waiting_pids}
     flag.touch()  # a task's leftover is the next `orch run`'s to end (end_leftovers)
     wait_for(lambda: not marked_processes(tmp_path, "ORCH_TASK=1:wait:"), what="wait's end")
     jail(waiting).end(grace=1.0)  # as that run would: its jail's cgroup is not left behind
