@@ -548,11 +548,14 @@ def test_the_flagship_restores_vllm_when_the_install_fails(sandbox: Sandbox, pdi
             timeout=180,
         )  # fmt: skip
         assert r.returncode == 1, r.stdout + r.stderr
+        said.append(r.stderr)
         return {t["id"]: t for t in json.loads(r.stdout)["tasks"]}
 
+    said: list[str] = []
     tasks = flagship()
-    board = {k: (t["status"], t["reason"]) for k, t in tasks.items()}
-    assert tasks["stop_vllm"]["status"] == "pending", board
+    # Failed twice in ~10 suites under load, not yet understood: say all (a str is not cut).
+    board = "\n".join(f"{k}: {t['status']}: {t['reason']}" for k, t in tasks.items())
+    assert tasks["stop_vllm"]["status"] == "pending", board + "\n" + said[-1][-3000:]
     assert tasks["stop_vllm"]["reason"] == "undone by restore_vllm"
     assert tasks["free_gpus"]["status"] == "completed"
     assert tasks["install_sglang"]["status"] == "failed"
