@@ -242,7 +242,6 @@ class _Slot:
     def _systemd(self, config: Path) -> None:
         self.sandbox = start(netns=self.netns)
         _set_hostname(self.sandbox, self.name)
-        self.sandbox.units.add(f"{SSHD_UNIT}.service")
         r = self.sandbox.run(
             [
                 "systemd-run",

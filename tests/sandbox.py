@@ -22,16 +22,21 @@ Files the tests share with the sandbox live in a folder under the checkout (`.sa
 under /tmp, which the namespace cannot see. Code under test runs inside with `Sandbox.run`
 (nsenter), because `systemctl` outside the namespace refuses to talk to this manager.
 
+Every sandbox roots its units in a cgroup of its own (`orch-sandbox-NS` for one booted in
+network namespace NS, `orch-sandbox-PID-N` otherwise): rooted at the shared top, two sandboxes'
+`foo.service` would be one group, and one manager's stop or clean-up would break the other's
+start (status 219, CGROUP). Two suites side by side, or a test fleet's hosts, each boot theirs.
+systemd reports a unit's control group under that root (`Sandbox.control_group`).
+
 `start(netns=NS)` boots it inside network namespace NS (`ip netns exec`), as one host of a test
-fleet (tests/fleet_hosts.py). Several such systemds run side by side, so each gets a cgroup of its
-own (`orch-sandbox-NS`) to root its units in: rooted at the shared top, two hosts' `foo.service`
-would be one group, and each manager would wait on the other's processes when stopping it.
+fleet (tests/fleet_hosts.py).
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import itertools
 import os
 import shutil
 import signal
@@ -40,7 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -79,6 +84,7 @@ ALWAYS_MASKED = (
     "postgresql@.service",
 )
 BOOT_TARGET = "orch-sandbox.target"  # written by the start script; pulls in nothing
+_plain_sandboxes = itertools.count()  # names the own cgroups of those booted outside a netns
 
 # Runs as the namespace's first process: $1 the shared folder, then the host paths to keep,
 # each as ro:PATH or rw:PATH. Values arrive as arguments, never spliced into the script's text.
@@ -131,9 +137,8 @@ class Sandbox:
     root: Path
     log: Path
     unshare: subprocess.Popen[bytes]
-    units: set[str] = field(default_factory=set)  # whose cgroups to remove at shutdown
+    cgroup: str  # its own cgroup, a name under each hierarchy's top
     netns: str | None = None  # the network namespace it was booted in (start(netns=...))
-    cgroup: str | None = None  # its own cgroup (a name under each hierarchy's top), if any
 
     def run(
         self, argv: Sequence[str], *, timeout: float = 60, env: Mapping[str, str] | None = None
@@ -165,7 +170,10 @@ class Sandbox:
         """A unit file in the sandbox's private /run/systemd/system (daemon-reload after)."""
         path = Path(f"/proc/{self.pid}/root/run/systemd/system") / name
         path.write_text(text)
-        self.units.add(name)
+
+    def control_group(self, unit: str) -> str:
+        """The control group systemd reports for `unit`: under the sandbox's own group."""
+        return f"/{self.cgroup}/system.slice/{unit}"
 
     def daemon_reload(self) -> None:
         r = self.systemctl("daemon-reload")
@@ -190,18 +198,8 @@ class Sandbox:
             self.unshare.kill()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.unshare.wait(timeout=10)
-        self._remove_cgroups()
-
-    def _remove_cgroups(self) -> None:
-        """The host's cgroup hierarchies are shared and a forced poweroff cleans nothing up:
-        remove the (now empty) groups of our units, or our own group with all below it."""
-        if self.cgroup:
-            _remove_own_cgroup(self.cgroup)
-            return
-        roots = [Path("/sys/fs/cgroup"), *Path("/sys/fs/cgroup").glob("*/")]
-        _remove_groups(
-            [g for r in roots for n in self.units if (g := r / "system.slice" / n).is_dir()]
-        )
+        # A forced poweroff cleans nothing up in the host's (shared) cgroup hierarchies.
+        _remove_own_cgroup(self.cgroup)
 
 
 def _remove_own_cgroup(name: str) -> None:
@@ -303,15 +301,14 @@ def _joiner(procs: Sequence[Path]) -> Callable[[], None]:
 def start(boot_timeout: float = 30.0, *, netns: str | None = None) -> Sandbox:
     """Boot a sandbox and wait until `systemctl is-system-running` says running (or degraded).
 
-    With `netns`, inside that (existing) network namespace and in a cgroup of its own."""
+    With `netns`, inside that (existing) network namespace. Always in a cgroup of its own."""
     if not Path(SYSTEMD).exists():
         raise SandboxError(f"{SYSTEMD} is missing: install systemd to run the systemd tests")
-    cgroup = f"orch-sandbox-{netns}" if netns else None
+    cgroup = f"orch-sandbox-{netns or f'{os.getpid()}-{next(_plain_sandboxes)}'}"
     procs = []
-    if cgroup:
-        for r in _cgroup_roots():
-            (r / cgroup).mkdir(exist_ok=True)
-            procs.append(r / cgroup / "cgroup.procs")
+    for r in _cgroup_roots():
+        (r / cgroup).mkdir(exist_ok=True)
+        procs.append(r / cgroup / "cgroup.procs")
     SANDBOX_PARENT.mkdir(exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix="systemd-", dir=SANDBOX_PARENT))
     (root / "masked").write_text("".join(f"{u}\n" for u in masked_units()))
@@ -357,10 +354,9 @@ def start(boot_timeout: float = 30.0, *, netns: str | None = None) -> Sandbox:
     except SandboxError as exc:
         said = _tail(log)
         _remove_folder(root)
-        if cgroup:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                unshare.wait(timeout=10)
-            _remove_own_cgroup(cgroup)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            unshare.wait(timeout=10)
+        _remove_own_cgroup(cgroup)
         raise SandboxError(f"{exc}; the start script said:\n{said}") from None
     sandbox = Sandbox(pid, root, log, unshare, netns=netns, cgroup=cgroup)
     try:
@@ -373,13 +369,12 @@ def start(boot_timeout: float = 30.0, *, netns: str | None = None) -> Sandbox:
 
 
 @contextlib.contextmanager
-def _undo_cgroup_on_error(cgroup: str | None) -> Iterator[None]:
+def _undo_cgroup_on_error(cgroup: str) -> Iterator[None]:
     """Remove the sandbox's own (still empty) group if its process could not be started."""
     try:
         yield
     except BaseException:
-        if cgroup:
-            _remove_own_cgroup(cgroup)
+        _remove_own_cgroup(cgroup)
         raise
 
 

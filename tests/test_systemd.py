@@ -169,7 +169,7 @@ def test_probe_reads_a_running_unit_and_its_processes(sandbox: Sandbox) -> None:
     assert p["type"] == "UnitState"
     assert (p["load_state"], p["active_state"], p["sub_state"]) == ("loaded", "active", "running")
     assert p["kill_mode"] == "mixed" and p["timeout_stop"] == 7.0
-    assert p["control_group"] == f"/system.slice/{unit.name}"
+    assert p["control_group"] == sandbox.control_group(unit.name)
     assert [q["pid"] for q in p["processes"]] == [p["main_pid"]]
     assert str(unit.port) in p["processes"][0]["command"]
     assert p["describe"] == f"{unit.name} is active (running), main pid {p['main_pid']}"
@@ -368,7 +368,7 @@ def test_kill_mode_process_leftovers(sandbox: Sandbox, pdir: PlanDir) -> None:
     assert a["f"]["leftovers"]["value"] == 1
     assert a["last_error"].startswith(
         f"{unit.name} is inactive (dead), but 1 process remains in "
-        f"its control group /system.slice/{unit.name} "
+        f"its control group {sandbox.control_group(unit.name)} "
         f"(KillMode=process): pid {child} "
     )
     assert [p["pid"] for p in probe(sandbox, unit.name)["processes"]] == [child]
@@ -384,7 +384,6 @@ def test_kill_mode_process_leftovers(sandbox: Sandbox, pdir: PlanDir) -> None:
 def test_stop_of_transient_unit_that_is_collected(sandbox: Sandbox, pdir: PlanDir) -> None:
     """A `systemd-run --collect` unit (how a server is launched) vanishes once stopped: ok."""
     name, port = f"transient-{next(_numbers)}.service", free_port()
-    sandbox.units.add(name)
     r = sandbox.run(
         [
             "systemd-run",
@@ -648,7 +647,6 @@ def test_the_rehearsal_stops_a_vllm_unit_with_its_engine_processes(
     serve = Path(__file__).resolve().parent.parent / "scripts" / "vllm_cpu" / "serve.sh"
     r = sandbox.run(["systemd-run", f"--unit={unit}", "--", str(serve), str(port)])
     assert r.returncode == 0, r.stderr
-    sandbox.units.add(unit)
     wait_for(
         lambda: (
             subprocess.run(
