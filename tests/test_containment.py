@@ -31,19 +31,20 @@ from sandbox import Sandbox, remove, start
 
 PY = sys.executable
 # Each escape starts a `sleep 300` outside the task's process group; the escaped process itself
-# writes its pid to P (so a double fork's grandchild is the one recorded).
+# writes its pid to {pidfile} (so a double fork's grandchild is the one recorded). escape_plan
+# fills in {py} and {pidfile} in one pass: a path spliced first could hold the other's name.
 ESCAPES = {
-    "setsid": "setsid sh -c 'echo $$ > P; exec sleep 300' &",
-    "setsid_f": "setsid -f sh -c 'echo $$ > P; exec sleep 300'",
-    "set_m": "set -m; sh -c 'echo $$ > P; exec sleep 300' &",
-    "setpgrp": f"{PY} -c 'import os, time; os.setpgrp(); "
-    'open("P", "w").write(str(os.getpid())); time.sleep(300)\' &',
-    "double_fork": f"{PY} -c 'import os, time; os.fork() and os._exit(0); os.setsid(); "
-    'os.fork() and os._exit(0); open("P", "w").write(str(os.getpid())); '
+    "setsid": "setsid sh -c 'echo $$ > {pidfile}; exec sleep 300' &",
+    "setsid_f": "setsid -f sh -c 'echo $$ > {pidfile}; exec sleep 300'",
+    "set_m": "set -m; sh -c 'echo $$ > {pidfile}; exec sleep 300' &",
+    "setpgrp": "{py} -c 'import os, time; os.setpgrp(); "
+    'open("{pidfile}", "w").write(str(os.getpid())); time.sleep(300)\' &',
+    "double_fork": "{py} -c 'import os, time; os.fork() and os._exit(0); os.setsid(); "
+    'os.fork() and os._exit(0); open("{pidfile}", "w").write(str(os.getpid())); '
     "time.sleep(300)'",
 }
 # Leaves the group and clears its environment: only a cgroup (or scope) holds it.
-ENV_CLEARED = "setsid env -i sh -c 'echo $$ > P; exec sleep 300' &"
+ENV_CLEARED = "setsid env -i sh -c 'echo $$ > {pidfile}; exec sleep 300' &"
 CGROUP = detect() == "cgroup"
 
 
@@ -90,10 +91,15 @@ def own_cgroups(pdir: PlanDir) -> list[Path]:
     ]
 
 
-def escape_plan(pdir: PlanDir, escape: str, then: str, timeout: str = "30s") -> Path:
+def escape_plan(
+    pdir: PlanDir, escape: str, then: str, timeout: str = "30s", before: str = ""
+) -> Path:
+    """A one-task plan: `before` (as written), the `escape` template, then wait for its pid
+    and run `then`. Run again with a `fast` file beside it, the task exits at once."""
     pidfile = pdir.root / "escapee.pid"
+    escaped = escape.format(py=PY, pidfile=pidfile)
     command = (
-        f"[ -e {pdir.root}/fast ] && exit 0\n{escape.replace('P', str(pidfile))}\n"
+        f"[ -e {pdir.root}/fast ] && exit 0\n{before}{escaped}\n"
         f"while [ ! -s {pidfile} ]; do sleep 0.02; done\n{then}\n"
     )
     indented = "".join(f"        {line}\n" for line in command.splitlines())
@@ -246,7 +252,7 @@ def test_no_spawn_interrupt_window(pdir: PlanDir) -> None:
 
 def test_zombie_orch_is_judged_dead(pdir: PlanDir, escapees: list[int]) -> None:
     """orch SIGKILLed under a parent that does not reap it: `orch status` says interrupted."""
-    plan = escape_plan(pdir, "sleep 300 & echo $! > P", "sleep 30")
+    plan = escape_plan(pdir, "sleep 300 & echo $! > {pidfile}", "sleep 30")
     parent = subprocess.Popen(  # starts orch and never waits for it
         [
             PY,
@@ -372,9 +378,8 @@ def test_systemd_scope_holds_an_env_cleared_escapee(sandbox: Sandbox, ending: st
     root.mkdir()
     pdir = PlanDir(root)
     record = f"cat /proc/self/cgroup > {root}/cgroup.txt"
-    plan = escape_plan(
-        pdir, f"{record}\n{ENV_CLEARED}", "exit 0" if ending == "task ends" else "sleep 30"
-    )
+    then = "exit 0" if ending == "task ends" else "sleep 30"
+    plan = escape_plan(pdir, ENV_CLEARED, then, before=f"{record}\n")
     if ending == "task ends":
         r = sandbox.run([ORCH, "run", str(plan)])
     else:
