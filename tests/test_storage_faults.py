@@ -166,6 +166,10 @@ def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
         # Text that SQLite keeps and orch reads back as JSON: a damaged byte, a hand edit.
         ("UPDATE todos SET spec = char(0) || spec", "todos row 'a': spec is not a JSON object"),
         ("UPDATE todos SET needs = '{}'", "todos row 'a': needs is not a JSON array"),
+        # A damaged byte in a REAL: a date past year 9999 would end every view in a traceback.
+        ("UPDATE runs SET started_at = 1.17e14", "runs row 1: started_at 117000000000000.0 is"),
+        ("UPDATE todos SET updated_at = 9e999", "todos row 'a': updated_at Inf is no time"),
+        ("UPDATE transitions SET at = -1.5", "transitions row 1: at -1.5 is no time orch wrote"),
     ],
     ids=[
         "attempts-null",
@@ -177,6 +181,9 @@ def test_damaged_store_is_refused_by_every_command_never_taken_as_new(
         "finding",
         "spec-json",
         "needs-json",
+        "run-time",
+        "todo-time",
+        "transition-time",
     ],
 )
 def test_a_store_that_breaks_orchs_invariants_is_refused_with_the_row_named(

@@ -169,6 +169,12 @@ _JSON_COLUMNS = {
 
 _TYPED = ("runs", "todos")  # one row a run or a task; the log tables: required values only
 
+# A time orch writes is the Unix time it happened: a real number from 0 until long before year
+# 9999, past which every view that shows it as a date ends in "year is out of range" (a damaged
+# byte in a REAL made one year 3,709,552). Checked in every table: the times are what `orch
+# status`, `history` and `report` format, ~0.1 ms a 1000-task store (bench/bench_integrity.py).
+LATEST_TIME = 1e11  # year 5138: past any clock orch runs under, short of datetime's limit
+
 STATUS_COLUMNS = {"todos": ("status",), "transitions": ("from_status", "to_status")}
 # What `orch status` draws of a task (Store.board): `todos` less what only a run reads (its spec,
 # its needs, its process), a third of a 1000-task board's read time.
@@ -182,7 +188,8 @@ BOARD_COLUMNS = (
 @functools.cache
 def invariant_queries(version: int) -> tuple[tuple[str, str], ...]:
     """Per table, a query for the first row that breaks what orch writes: a required value
-    missing, a value of another type than its column's, a status orch does not know. Each
+    missing, a value of another type than its column's, a time out of range, a status orch
+    does not know. Each
     gives (the row's key, what is wrong). One pass over each table."""
     statuses = ", ".join(f"'{s}'" for s in Status)
     out = []
@@ -211,6 +218,13 @@ def invariant_queries(version: int) -> tuple[tuple[str, str], ...]:
                         f"{quoted} IS NOT NULL AND CASE WHEN json_valid({quoted}) "
                         f"THEN json_type({quoted}) != '{shape}' ELSE 1 END",
                         f"'{column} is not a JSON {shape}'",
+                    )
+                )
+            if kind is float and (column == "at" or column.endswith("_at")):
+                checks.append(
+                    (
+                        f"{quoted} NOT BETWEEN 0 AND {LATEST_TIME:.0f}",
+                        f"'{column} ' || quote({quoted}) || ' is no time orch wrote'",
                     )
                 )
             if column in STATUS_COLUMNS.get(table, ()):
