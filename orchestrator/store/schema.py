@@ -189,8 +189,7 @@ BOARD_COLUMNS = (
 def invariant_queries(version: int) -> tuple[tuple[str, str], ...]:
     """Per table, a query for the first row that breaks what orch writes: a required value
     missing, a value of another type than its column's, a time out of range, a status orch
-    does not know. Each
-    gives (the row's key, what is wrong). One pass over each table."""
+    does not know. Each gives (the row's key, what is wrong). One pass over each table."""
     statuses = ", ".join(f"'{s}'" for s in Status)
     out = []
     for table, columns in COLUMNS.items():
