@@ -100,7 +100,11 @@ def sleeper(
     env = dict(os.environ)
     if mark is not None:
         env[mark[0]] = mark[1]
-    return subprocess.Popen(["sleep", "300"], env=env, start_new_session=new_session)
+    proc = subprocess.Popen(["sleep", "300"], env=env, start_new_session=new_session)
+    # Popen returns once exec has closed its close-on-exec pipe, a moment before the kernel
+    # lays out the new environment: /proc/PID/environ can still read empty (40 of 3000 here).
+    wait_for(lambda: Path(f"/proc/{proc.pid}/environ").read_bytes() != b"", 10, "sleep's exec")
+    return proc
 
 
 @pytest.mark.parametrize("level", MECHANISMS)
