@@ -143,8 +143,8 @@ async def session(plan: Path, out: Path) -> None:
                 "needs": ["launch_noisy"],
                 "priority": "high",
                 "params": {
-                    "command": "echo ::finding load_s=${tasks.launch_noisy.findings.ready_after} "
-                    "unit=s note=loading-not-hung"
+                    "command": 'echo ::finding load_s="$READY" unit=s note=loading-not-hung',
+                    "env": {"READY": "${tasks.launch_noisy.findings.ready_after}"},
                 },
             },
         )

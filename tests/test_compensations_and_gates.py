@@ -39,7 +39,9 @@ MIGRATION = """
           title: Restore production
           kind: shell
           when: "${{vars.restore}}"
-          params: {{command: "echo restore ${{tasks.stop_prod.findings.unit}} >> {trail}"}}
+          params:
+            command: "echo restore $UNIT >> {trail}"
+            env: {{UNIT: "${{tasks.stop_prod.findings.unit}}"}}
       - id: install
         kind: shell
         needs: stop_prod

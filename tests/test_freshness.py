@@ -44,8 +44,10 @@ def rehearsal_shape(pd: PlanDir) -> Path:
     kind: shell
     needs: [bench, bench2]
     params:
-      command: >-
-        echo ::finding base=${tasks.bench.findings.result}:${tasks.bench.findings.c1.output_tok_s}
+      command: echo ::finding base=$RESULT:$TOK_S
+      env:
+        RESULT: "${tasks.bench.findings.result}"
+        TOK_S: "${tasks.bench.findings.c1.output_tok_s}"
 """
     )
 
@@ -117,7 +119,7 @@ def shell_chain(pd: PlanDir) -> Path:
           - id: b
             kind: shell
             needs: [a]
-            params: {command: "echo ::finding n=${tasks.a.findings.n}"}
+            params: {command: "echo ::finding n=$N", env: {N: "${tasks.a.findings.n}"}}
           - {id: c, kind: shell, needs: [b], params: {command: "true"}}
         """
     )
@@ -162,7 +164,7 @@ def test_a_rerun_stopped_by_a_failure_is_finished_by_the_next_run(tmp_path: Path
           - id: b
             kind: shell
             needs: [a]
-            params: {{command: "echo ::finding n=${{tasks.a.findings.n}}"}}
+            params: {{command: "echo ::finding n=$N", env: {{N: "${{tasks.a.findings.n}}"}}}}
         """
     )
     assert run_orch("run", plan).returncode == 0

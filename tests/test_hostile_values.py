@@ -108,7 +108,7 @@ def resolve_params(tmp_path: Path, value: Any) -> dict[str, Any]:
 )
 def test_inert_is_exactly_the_safe_set(value: Any) -> None:
     """A value passes exactly when its text is a non-empty word of the safe set within the bound
-    (lists, dicts and None never); a refusal names the reference and the way out (argv)."""
+    (lists, dicts and None never); a refusal names the reference and the way out (env)."""
     text = (
         None
         if isinstance(value, list)
@@ -119,7 +119,7 @@ def test_inert_is_exactly_the_safe_set(value: Any) -> None:
         word = inert_word(Ref("x", "probe"), value)
     except TemplateError as exc:
         assert not expected
-        assert "${tasks.probe.findings.x}" in str(exc) and "argv item" in str(exc)
+        assert "${tasks.probe.findings.x}" in str(exc) and "in the environment" in str(exc)
         return
     assert expected and word == text
 
@@ -155,54 +155,72 @@ def test_no_value_runs_as_code_in_any_bash_context(tmp_path: Path, value: str) -
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("payload", ["a[$(touch PWNED)]", "EOF\ntouch PWNED", "n"])
+@pytest.mark.parametrize("payload", ["a[$(touch PWNED)]", "1;touch PWNED", "EOF\ntouch PWNED"])
 def test_findings_through_orch_run_never_reach_bash_as_code(pdir: PlanDir, payload: str) -> None:
-    """End to end: a finding (any text, via a python task) spliced into every context and env:
-    a hostile one fails each shell task before it runs, an inert one runs them all."""
-    tasks = "\n".join(
+    """End to end: a finding (any text, via a python task) spliced into any context of shell
+    text is refused at load, nothing run; read from the environment in every context (but
+    eval's, which runs data as code by the plan's own word), a payload holding `$` fails each
+    task before bash starts and any other arrives as data: no PWNED either way."""
+
+    def source() -> str:
+        return (
+            "name: t\ntasks:\n  - {id: src, kind: python, params: {function: 'json:loads', "
+            f"args: {{s: {json.dumps(json.dumps(payload))}}}}}}}\n"
+        )
+
+    spliced = "\n".join(
         f"  - {{id: c{i}, kind: shell, needs: [src], params: {{command: "
-        # set +e: bash -e would stop at a context's failing status (`(( 0 ))`); what counts is
-        # that the value arrives as data, not the context's own status.
-        f"{json.dumps('set +e; ' + c.replace('X', '${tasks.src.findings.result}') + ' ; true')}}}}}"
+        f"{json.dumps(c.replace('X', '${tasks.src.findings.result}'))}}}}}"
         for i, c in enumerate(CONTEXTS)
     )
-    plan = pdir.write(
-        "name: t\ntasks:\n"
-        f"  - {{id: src, kind: python, params: {{function: 'json:loads', "
-        f"args: {{s: {json.dumps(json.dumps(payload))}}}}}}}\n{tasks}\n"
-        "  - {id: env, kind: shell, needs: [src], params: {command: 'set +e; (( V )); true', "
-        "env: {V: '${tasks.src.findings.result}'}}}\n"
+    r = run_orch("run", pdir.write(source() + spliced + "\n"), cwd=pdir.root)
+    assert r.returncode == 2 and r.stderr.count("reaches a process only as data") == len(CONTEXTS)
+    assert not (pdir.root / ".orch").exists()
+    read = [c.replace("X", "$V") for c in CONTEXTS if not c.startswith("eval")] + ["(( V ))"]
+    tasks = "\n".join(
+        f"  - {{id: c{i}, kind: shell, needs: [src], params: {{command: "
+        # A subshell: bash would stop at a context's failing status (`(( 0 ))`) or an
+        # arithmetic syntax error; what counts is that the value arrives as data.
+        f"{json.dumps('set +e; ( ' + c + chr(10) + ') ; true')}, "
+        "env: {V: '${tasks.src.findings.result}'}}}"
+        for i, c in enumerate(read)
     )
-    r = run_orch("run", plan, "--keep-going", cwd=pdir.root)
+    r = run_orch("run", pdir.write(source() + tasks + "\n"), "--keep-going", cwd=pdir.root)
     assert not (pdir.root / "PWNED").exists()
     shell = {k: v for k, v in pdir.statuses().items() if k != "src"}
-    assert pdir.statuses()["src"] == "completed"
-    if is_inert(payload):
+    assert pdir.statuses()["src"] == "completed" and len(shell) == len(read)
+    if "$" in payload:
+        assert r.returncode == 1 and set(shell.values()) == {"failed"}
+        assert "cannot go into an environment variable" in pdir.todo("c0")["last_error"]
+        assert not list((pdir.root / ".orch").rglob("c0.log"))  # no bash was started
+    else:
         assert r.returncode == 0, r.stderr
         assert set(shell.values()) == {"completed"}
-    else:
-        assert r.returncode == 1 and set(shell.values()) == {"failed"}
-        assert "cannot reach a shell" in pdir.todo("env")["last_error"]
-        assert not list((pdir.root / ".orch").rglob("c0.log"))  # no bash was started
 
 
-def test_argv_items_stay_free_form(pdir: PlanDir) -> None:
-    """No shell reads an argv item: the way out the error names carries any text exactly."""
+def test_the_environment_carries_a_finding_exactly(pdir: PlanDir) -> None:
+    """No shell reads an environment variable's value unless told to: the way out the
+    refusals name carries the text of a finding exactly, quotes, blanks and newlines too."""
+    text = "a[(x)] b;\n'q' \"r\" *"
     plan = pdir.write(f"""
         name: t
         tasks:
           - id: src
             kind: python
-            params: {{function: 'json:loads', args: {{s: '"a[$(x)] b"'}}}}
+            params: {{function: 'json:loads', args: {{s: {json.dumps(json.dumps(text))}}}}}
           - id: use
             kind: shell
             needs: [src]
             params:
-              command: [python3, -c, "import sys; open(sys.argv[2], 'w').write(sys.argv[1])",
-                        "${{tasks.src.findings.result}}", "{pdir.root}/out"]
+              command:
+                - python3
+                - -c
+                - "import os, sys; open(sys.argv[1], 'w').write(os.environ['V'])"
+                - "{pdir.root}/out"
+              env: {{V: "${{tasks.src.findings.result}}"}}
     """)
     assert run_orch("run", plan).returncode == 0
-    assert (pdir.root / "out").read_text() == "a[$(x)] b"
+    assert (pdir.root / "out").read_text() == text
 
 
 # --- paths built from findings --------------------------------------------------------------

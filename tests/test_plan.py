@@ -31,6 +31,7 @@ from orchestrator.plan.templating import (
     Ref,
     compile_when,
     evaluate_when,
+    inert_word,
     iter_refs,
     parse_ref,
     resolve,
@@ -621,7 +622,8 @@ def test_unknown_task_in_finding_reference(tmp_path: Path) -> None:
         """
         kind: shell
         params:
-          command: echo ${tasks.prob.findings.rate}  # <-E
+          command: "true"
+          env: {R: "${tasks.prob.findings.rate}"}  # <-E
     """,
     )
     only(path, "# <-E", "${tasks.prob.findings.rate}: no task 'prob'")
@@ -640,7 +642,8 @@ def test_finding_of_a_task_not_upstream(tmp_path: Path) -> None:
             kind: shell
             needs: [other]
             params:
-              command: echo ${tasks.probe.findings.rate}  # <-E
+              command: "true"
+              env: {R: "${tasks.probe.findings.rate}"}  # <-E
     """,
     )
     only(path, "# <-E", "'probe' is not among the needs of 'use'", "add it to `needs`")
@@ -660,7 +663,7 @@ def test_finding_of_a_transitive_need_is_fine(tmp_path: Path) -> None:
             kind: shell
             needs: [mid]
             when: "${tasks.probe.findings.rate} > 0.3"
-            params: {command: "echo ${tasks.probe.findings.rate}"}
+            params: {command: 'echo "$R"', env: {R: "${tasks.probe.findings.rate}"}}
     """,
         )
     )
@@ -701,7 +704,9 @@ def test_plan_upstream_is_every_need_transitively_sorted(tmp_path: Path) -> None
 
 def test_own_finding_is_not_upstream(tmp_path: Path) -> None:
     """A task cannot use its own finding: it is not upstream of itself."""
-    path = one_task(tmp_path, "kind: shell\nparams: {command: 'echo ${tasks.a.findings.k}'}  # <-E")
+    path = one_task(
+        tmp_path, "kind: shell\nparams: {command: 'true', env: {K: '${tasks.a.findings.k}'}}  # <-E"
+    )
     only(path, "# <-E", "'a' is not among the needs of 'a'")
 
 
@@ -1051,7 +1056,8 @@ MANY = """
         kind: shell
         needs: [build]
         params:
-          command: echo ${tasks.probe.findings.x}  # <-task
+          command: "true"
+          paths: {P: "${tasks.probe.findings.x}"}  # <-task
           env: {A: "${tasks.other.findings.y}"}  # <-upstream
         when: "${vars.port} >"  # <-when
       - {id: other, kind: shell, params: {command: 'true'}, priority: urgent}  # <-priority
@@ -1116,7 +1122,7 @@ def test_broken_needs_do_not_fake_upstream_errors(tmp_path: Path) -> None:
           - id: use
             kind: shell
             needs: [mid]
-            params: {command: "echo ${tasks.probe.findings.k}"}
+            params: {command: "true", env: {K: "${tasks.probe.findings.k}"}}
     """,
     )
     only(path, "# <-E", "task 'mid'", "`needs` is a task id or a list of them")
@@ -1306,17 +1312,17 @@ HOSTILE = [
 
 @pytest.mark.parametrize("value", HOSTILE)
 def test_values_bash_would_read_as_more_than_a_word_are_refused(value: str) -> None:
-    """In shell text a value is an inert word or a TemplateError naming the way out (argv)."""
-    with pytest.raises(TemplateError, match=r"\$\{vars.v\}.*argv item"):
-        resolve("printf '[%s]' ${vars.v}", lambda ref: value, shell=True)
+    """In shell text a var is an inert word or a TemplateError naming the way out (env)."""
+    with pytest.raises(TemplateError, match=r"\$\{vars.v\}.*pass it in the environment"):
+        resolve("printf '[%s]' ${vars.v}", lambda ref: value, inert_word)
 
 
 def test_shell_text_takes_inert_words_as_they_are() -> None:
     """A whole-string ref stays text in shell mode; inert words and numbers are spliced as is."""
-    assert resolve("${vars.v}", lambda ref: "/models/k2.5", shell=True) == "/models/k2.5"
-    assert resolve("${vars.port}", lookup, shell=True) == "8000"
-    assert resolve("echo $${HOME}", lookup, shell=True) == "echo ${HOME}"
-    assert resolve("x=${vars.on}", lambda ref: True, shell=True) == "x=true"
+    assert resolve("${vars.v}", lambda ref: "/models/k2.5", inert_word) == "/models/k2.5"
+    assert resolve("${vars.port}", lookup, inert_word) == "8000"
+    assert resolve("echo $${HOME}", lookup, inert_word) == "echo ${HOME}"
+    assert resolve("x=${vars.on}", lambda ref: True, inert_word) == "x=true"
 
 
 # --- `when` --------------------------------------------------------------------------------------
@@ -1642,8 +1648,8 @@ def test_var_bash_would_read_as_code_is_a_plan_error(tmp_path: Path, command: st
         load_plan(path)
     (issue,) = info.value.issues
     assert issue.line == 7
-    assert "${vars.x} = 'a[$(id)]' cannot reach a shell" in issue.message
-    assert "argv item" in issue.message
+    assert "${vars.x} = 'a[$(id)]' cannot be spliced into shell text" in issue.message
+    assert "pass it in the environment" in issue.message
 
 
 def test_references_in_quotes_heredocs_and_env_are_fine_when_inert(tmp_path: Path) -> None:

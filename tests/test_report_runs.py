@@ -46,7 +46,7 @@ def two_runs(pdir: PlanDir) -> Path:
           - id: b
             kind: shell
             needs: [a]
-            params: {{command: "echo ::finding seen=${{tasks.a.findings.value}}"}}
+            params: {{command: "echo ::finding seen=$V", env: {{V: "${{tasks.a.findings.value}}"}}}}
     """)
     assert run_orch("run", plan).returncode != 0
     r = run_orch("run", plan)

@@ -242,8 +242,9 @@ def test_when_false_skips_and_dependents_still_run(pdir: PlanDir) -> None:
     assert "is false" in pdir.todo("tune")["reason"]
 
 
-def test_finding_with_shell_syntax_is_refused_before_bash_runs(pdir: PlanDir) -> None:
-    """A finding holding shell syntax fails the task that would splice it, before any bash."""
+def test_finding_with_shell_syntax_reaches_the_command_as_data(pdir: PlanDir) -> None:
+    """A finding holding shell syntax, passed in the environment, is text to the command: what
+    it says is printed, never run."""
     plan = pdir.write(f"""
         name: t
         tasks:
@@ -253,13 +254,15 @@ def test_finding_with_shell_syntax_is_refused_before_bash_runs(pdir: PlanDir) ->
           - id: use
             kind: shell
             needs: [evil]
-            params: {{command: "printf '%s\\\\n' ${{tasks.evil.findings.name}} > {pdir.root}/out"}}
+            params:
+              command: "printf '%s\\\\n' $NAME \\"$NAME\\" > {pdir.root}/out"
+              env: {{NAME: "${{tasks.evil.findings.name}}"}}
     """)
     r = run_orch("run", plan)
-    assert r.returncode == 1, r.stderr + r.stdout
-    assert not (pdir.root / "pwned").exists() and not (pdir.root / "out").exists()
-    error = pdir.todo("use")["last_error"]
-    assert "${tasks.evil.findings.name}" in error and "argv item" in error
+    assert r.returncode == 0, r.stderr + r.stdout
+    assert not (pdir.root / "pwned").exists()
+    said = f"x; touch {pdir.root}/pwned"
+    assert (pdir.root / "out").read_text() == "\n".join([*said.split(), said]) + "\n"
 
 
 def test_missing_finding_fails_the_task_clearly(pdir: PlanDir) -> None:
@@ -268,7 +271,10 @@ def test_missing_finding_fails_the_task_clearly(pdir: PlanDir) -> None:
         name: t
         tasks:
           - {id: a, kind: shell, params: {command: "echo ::finding speed=3"}}
-          - {id: b, kind: shell, needs: [a], params: {command: "echo ${tasks.a.findings.sped}"}}
+          - id: b
+            kind: shell
+            needs: [a]
+            params: {command: "true", env: {S: "${tasks.a.findings.sped}"}}
     """)
     r = run_orch("run", plan)
     assert r.returncode == 1

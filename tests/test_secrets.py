@@ -197,7 +197,10 @@ def test_a_secret_is_never_shown_by_the_messages_that_refuse_or_fail_it(pdir: Pl
     """)
     for command in ("validate", "run"):
         r = run_orch(command, plan, env={"ORCH_TEST_TOKEN": "sk BAD-5555x"})
-        assert r.returncode == 2 and "${vars.token} = '***' cannot reach a shell" in r.stderr
+        assert (
+            r.returncode == 2
+            and "${vars.token} = '***' cannot be spliced into shell text" in r.stderr
+        )
         assert "BAD-5555x" not in r.stdout + r.stderr
     plan = pdir.write("""
         name: t

@@ -614,11 +614,11 @@ def test_a_server_runs_as_a_transient_unit_whose_stop_takes_the_whole_group(
             needs: [launch]
             params:
               command: >-
-                echo ::finding kill_mode=$(systemctl show -p KillMode --value
-                ${{tasks.launch.findings.supervisor}})
+                echo ::finding kill_mode=$(systemctl show -p KillMode --value "$UNIT")
                 && {sys.executable} -c 'import sys; from probes.systemd import read_unit;
                 print("::finding processes=%d" % len(read_unit(sys.argv[1]).processes))'
-                ${{tasks.launch.findings.supervisor}}
+                "$UNIT"
+              env: {{UNIT: "${{tasks.launch.findings.supervisor}}"}}
           - {{id: stop, kind: server.stop, needs: [look], params: {{server: launch}}}}
     """,
     )

@@ -1,103 +1,163 @@
-"""A finding never chooses what runs (orchestrator/plan/trust.py): the params that name code refuse
-`${tasks.ID.findings.KEY}` at load, with the line, and at run time; shell text takes a finding
-as an argument, never as the command."""
+"""A finding reaches a process only as data (orchestrator/plan/trust.py): never in shell text,
+argv, a command precondition or a param that names code, whatever stands around it; as an
+environment variable's value, a `python` task's args or a typed param, it is passed as one
+value. Refused at load with the line and the rewrite, and again when a task starts."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from orchestrator.core.errors import TemplateError
 from orchestrator.kinds import registry
-from orchestrator.plan.templating import Ref
-from orchestrator.plan.trust import CODE_ENV, choosing_code, command_findings
+from orchestrator.plan.templating import Ref, env_text, resolve
+from orchestrator.plan.trust import CODE_ENV, chooses_code, choosing_code
 
 from conftest import PlanDir, run_orch
 
 X = "${tasks.probe.findings.x}"
-FOUND = [Ref("x", "probe")]
+SHELL = registry.resolve("shell")
+COMMAND = registry.resolve("command", registry.PRECONDITION_GROUP)
+
+# The contexts of the third hostile round (issue 39): each ran the finding as code under the
+# command-word reader. Shell text, then argv; `F` stands for the finding.
+SHELL_CONTEXTS = [
+    "timeout 5 F",
+    "nice -n 5 F",
+    "env -i F",
+    "exec -a n F",
+    "stdbuf -oL F",
+    "flock -n /dev/null F",
+    "echo F | bash",
+    "bash <<EOF\nF\nEOF",
+    "bash F",
+    "find . -maxdepth 0 -exec F \\;",
+    "trap 'F' EXIT",
+    "coproc F\nwait",
+    "cat <(F)",
+    "bash <<< F",
+    "sh -ec F",
+    "X=F; $X",
+    "a=(1); echo $(( a[F] ))",
+    "echo F",  # an argument once; now no finding is in shell text at all
+    'printf "%s\\n" "F"',
+]
+ARGV_CONTEXTS = [
+    ["timeout", "9", "sh", "-c", "F"],
+    ["python3", "-Sc", "F"],
+    ["perl", "-E", "F"],
+    ["bash", "-ec", "F"],
+    ["xargs", "-0", "sh", "-c", "F"],
+    ["echo", "F"],
+]
+
+
+def _with(context: str | list[str], value: str) -> str | list[str]:
+    if isinstance(context, str):
+        return context.replace("F", value)
+    return [item.replace("F", value) for item in context]
 
 
 @pytest.mark.parametrize(
-    ("text", "chooses"),
-    [
-        (f"echo {X}", False),
-        (f'echo "{X}" > out.txt', False),
-        (f"cat > {X}", False),  # a redirect's target is a file, not a command
-        (f"grep -e {X} file", False),  # grep's -e is a pattern
-        (f"FOO={X} ls", False),
-        (f"echo ok; echo {X}", False),
-        (f"{X} --help", True),
-        (f'"{X}"', True),
-        (f"ls; {X}", True),
-        (f"ls\n{X} now", True),
-        (f"true && {X}", True),
-        (f"ls | {X}", True),
-        (f"echo $({X})", True),
-        (f"echo `{X}`", True),
-        (f"if true; then {X}; fi", True),
-        (f"sudo -n {X}", False),  # -n is sudo's option word: the command follows it
-        (f"sudo {X}", True),
-        (f"env {X}", True),
-        (f"xargs {X} < list", True),
-        (f"(( {X} + 1 ))", False),  # arithmetic: a number, not a command
-        (f"echo $(( {X} * 2 )); {X}", True),
-        (f"a=(1 2); echo $(( a[{X}] ))", False),
-        (f"cat <<EOF\n{X}\nEOF\necho done", False),  # a here-document's body is data ...
-        (f"bash <<EOF\n{X}\nEOF", True),  # ... unless a shell reads it
-        (f"cat <<-'END'\n\t{X}\n\tEND\n{X}", True),
-        (f'eval "echo {X}"', False),  # eval reads its words as a command
-        (f'eval "{X} now"', True),
-        (f"bash -c {X}", True),
-        (f'bash -c "echo {X}"', False),
-        (f'sh -c "ls; {X}"', True),
-        (f"/usr/bin/python3 -c {X}", True),
-        (f"PATH={X} ls", True),
-        (f"LD_PRELOAD={X} ls", True),
-        (f"/opt/{X}/bin/tool", True),
-        (f"echo 'unbalanced {X}", True),  # no words to trust: counted as a command
-        ("$${tasks.probe.findings.x} --help", False),  # a literal, no reference
-        ("${vars.tool} --help", False),  # the operator's own word
-    ],
+    "command", [*SHELL_CONTEXTS, *ARGV_CONTEXTS], ids=lambda c: json.dumps(c)[:40]
 )
-def test_a_finding_in_command_position_is_found(text: str, chooses: bool) -> None:
-    assert command_findings(text) == (FOUND if chooses else []), text
+def test_a_finding_in_shell_text_or_argv_is_refused_wherever_it_stands(command: object) -> None:
+    chosen = choosing_code(SHELL, {"command": _with(command, X)})  # type: ignore[arg-type]
+    assert [key for key, _ in chosen] == ["command"], command
+    assert 'env: {X: "${tasks.probe.findings.x}"}, then read "$X"' in chosen[0][1]
 
 
-def test_each_kind_refuses_findings_in_the_params_that_name_code() -> None:
-    """python's function, what python.install installs and runs, server.launch's program,
-    systemd.start's unit, shell argv[0] and code-choosing env; data params stay open."""
+def test_each_kind_refuses_findings_where_code_is_parsed_and_takes_them_as_data() -> None:
+    """python's function, what python.install installs, server.launch's program and flags,
+    systemd.start's unit, every part of shell text and argv, env names and code-choosing env
+    values are refused; env values, python args and typed data params are not."""
     cases = [
-        ("python", {"function": X, "args": {"a": X}}, ["function"]),
+        ("python", {"function": X, "args": {"a": X, "b": [X]}}, ["function"]),
         ("python.install", {"requirement": X, "venv": X}, ["requirement", "venv"]),
         ("server.launch", {"launcher": [X], "model": X, "port": 1}, ["launcher"]),
+        ("server.launch", {"extra_args": ["--x", X], "model": "m", "port": 1}, ["extra_args"]),
         ("systemd.start", {"unit": X}, ["unit"]),
         ("systemd.stop", {"unit": X}, []),
-        ("shell", {"command": [X, "-v"]}, ["command"]),
-        ("shell", {"command": ["echo", X]}, []),
-        ("shell", {"command": ["bash", "-c", X]}, ["command"]),
-        ("shell", {"command": ["bash", "-c", f"echo {X}"]}, []),
-        ("shell", {"command": ["python3", "-c", f"print({X})"]}, ["command"]),
-        ("shell", {"command": ["sudo", X]}, ["command"]),
-        ("shell", {"command": ["env", f"LD_PRELOAD={X}", "ls"]}, ["command"]),
-        ("shell", {"command": ["env", f"NAME={X}", "ls", X]}, []),
-        ("shell", {"command": "echo hi", "env": {"LD_PRELOAD": X, "NAME": X}}, ["env"]),
-        ("shell", {"command": "echo hi", "env": {X: "1"}}, ["env"]),
+        ("shell", {"command": "true", "env": {"NAME": X}, "cwd": X}, []),
+        ("shell", {"command": "true", "env": {"LD_PRELOAD": X, "NAME": X}}, ["env"]),
+        ("shell", {"command": "true", "env": {X: "1"}}, ["env"]),
+        ("shell", {"command": "true", "env": {f"A{X}": "1"}}, ["env"]),
+        ("shell", {"command": "true", "paths": {"LOG": f"logs/{X}"}}, []),
         ("bench.serve", {"url": X, "dataset": X}, []),
     ]  # fmt: skip
     for kind, params, refused in cases:
         cls = registry.resolve(kind)
-        assert [key for key, _ in choosing_code(cls, params)] == refused, kind
+        assert [key for key, _ in choosing_code(cls, params)] == refused, (kind, params)
     check = registry.resolve("python.package", registry.PRECONDITION_GROUP)
     assert [k for k, _ in choosing_code(check, {"package": X})] == ["package"]
+    assert [k for k, _ in choosing_code(COMMAND, {"command": f"test {X}"})] == ["command"]
+    assert choosing_code(COMMAND, {"command": 'test "$X"', "env": {"X": X}}) == []
+
+
+def test_every_code_choosing_env_name_is_refused() -> None:
+    for name in sorted(CODE_ENV) + ["LD_AUDIT", "LD_LIBRARY_PATH", "BASH_FUNC_ls%%"]:
+        assert chooses_code(name), name
+        assert choosing_code(SHELL, {"command": "true", "env": {name: X}}), name
+    assert not chooses_code("SIZE") and not chooses_code("MY_LD_THING")
+
+
+def _payload(context: str | list[str], script: Path) -> str:
+    """What a hostile finding would hold in this context to run `script`."""
+    if "python3" in context:
+        return f"__import__('os').system('{script}')"
+    if "perl" in context:
+        return f"system('{script}')"
+    return f"$({script})" if "a[F]" in context else str(script)
+
+
+def test_a_plan_written_the_old_way_is_refused_with_its_line_and_nothing_runs(
+    pdir: PlanDir,
+) -> None:
+    """Every context of the hostile round in one plan: each is named on its own line with the
+    rewrite, exit 2, no traceback, nothing runs. The same text written literally in a plan
+    (the finding's payload in its place) runs the payload in every context but the arguments
+    (`echo F`): the contexts are real."""
+    contexts: list[str | list[str]] = [*SHELL_CONTEXTS, *ARGV_CONTEXTS]
+    arguments = {"echo F", 'printf "%s\\n" "F"', json.dumps(["echo", "F"])}
+    literal, hostile = ["name: t", "tasks:"], ["name: t", "tasks:"]
+    hostile += ["  - {id: probe, kind: python, params: {function: 'builtins:str'}}"]
+    executing = []
+    for n, context in enumerate(contexts):
+        script = pdir.root / f"mk{n}"
+        script.write_text(f"#!/bin/sh\n/usr/bin/touch {pdir.root}/ran-{n}\n")
+        script.chmod(0o755)
+        if (context if isinstance(context, str) else json.dumps(context)) not in arguments:
+            executing.append(n)
+        runs = _with(context, _payload(context, script))
+        literal += [f"  - {{id: t{n}, kind: shell, params: {{command: {json.dumps(runs)}}}}}"]
+        hostile += [
+            f"  - {{id: t{n}, kind: shell, needs: [probe], "
+            f"params: {{command: {json.dumps(_with(context, X))}}}}}"
+        ]
+    r = run_orch("run", pdir.write("\n".join(literal) + "\n", "literal.yaml"), "--keep-going")
+    ran = sorted(int(p.name.split("-")[1]) for p in pdir.root.glob("ran-*"))
+    assert ran == executing, (ran, r.stdout[-3000:])
+    for p in pdir.root.glob("ran-*"):
+        p.unlink()
+
+    plan = pdir.write("\n".join(hostile) + "\n")
+    for command in ("validate", "run"):
+        r = run_orch(command, plan)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (command, r.stderr)
+        for n in range(len(contexts)):
+            assert f"plan.yaml:{4 + n}: task 't{n}': param 'command': {X}: a finding" in r.stderr
+        assert r.stderr.count('then read "$X"') == len(contexts)
+    assert not list(pdir.root.glob("ran-*"))
 
 
 def test_a_finding_that_names_the_function_is_refused_with_its_line(pdir: PlanDir) -> None:
-    """The hostile campaign's case: `probe` prints fn=os:system and a command; the python task
-    would call os.system with it. validate and run refuse it at its line (exit 2, nothing
-    runs, no traceback); the same finding as an argument to a function the plan names runs."""
+    """`probe` prints fn=os:system; the python task would call os.system with it. validate and
+    run refuse it at its line (exit 2, nothing runs, no traceback); the same finding as an
+    argument to a function the plan names runs."""
     touched = pdir.root / "touched"
     plan = pdir.write(f"""
         name: t
@@ -135,8 +195,8 @@ def test_a_finding_that_names_the_function_is_refused_with_its_line(pdir: PlanDi
 
 
 def test_a_task_added_through_the_store_is_refused_when_it_starts(pdir: PlanDir) -> None:
-    """`orch todo add` with a finding in command position: refused at once, or, if it got into
-    the store, refused when it would start; either way the command never runs."""
+    """`orch todo add` with a finding in shell text: refused at once, or, if it got into the
+    store, refused when it would start; either way the command never runs."""
     plan = pdir.write("""
         name: t
         tasks:
@@ -147,46 +207,106 @@ def test_a_task_added_through_the_store_is_refused_when_it_starts(pdir: PlanDir)
     assert run_orch("run", plan).returncode == 0
     added = run_orch(
         "todo", "add", plan, "evil", "--kind", "shell", "--needs", "probe",
-        "--param", "command=${tasks.probe.findings.tool} " + str(pdir.root / "touched"),
+        "--param", "command=timeout 5 ${tasks.probe.findings.tool} " + str(pdir.root / "touched"),
     )  # fmt: skip
+    said = "a finding reaches a process only as data"
     if added.returncode == 0:
         r = run_orch("run", plan)
-        assert r.returncode != 0 and "a finding cannot be the command" in r.stdout + r.stderr
+        assert r.returncode != 0 and said in r.stdout + r.stderr
     else:
-        assert added.returncode == 2 and "a finding cannot be the command" in added.stderr
+        assert added.returncode == 2 and said in added.stderr
     assert not (pdir.root / "touched").exists()
 
 
-@given(
-    before=st.sampled_from(
-        ["", "; ", "&& ", "| ", "$(", "`", "; sudo ", "&& env A=1 ", "; if true; then ", "\n"]
-    ),
-    prefix=st.text(alphabet="abc/._-", max_size=6),
+# Text a finding may hold on its way through the environment: anything but `$`, a backquote
+# and NUL (templating.env_text says why).
+DATA = st.text(
+    alphabet=st.characters(blacklist_characters="$`\x00", blacklist_categories=("Cs",)),
+    max_size=40,
 )
-def test_a_finding_that_starts_a_command_is_always_found(before: str, prefix: str) -> None:
-    """Whatever stands before it, a finding in the first word of a command is found."""
-    text = f"ls {before}{prefix}{X} arg"
-    if before == "":
-        text = f"{prefix}{X} arg"
-    assert command_findings(text) == FOUND, text
 
 
-@given(arg=st.text(alphabet="abc -_./=", max_size=12))
-def test_a_finding_after_a_plain_command_is_an_argument(arg: str) -> None:
-    """`echo ... FINDING`: never a command, whatever plain words come between."""
-    if "=" in arg.split(" ")[0]:
-        return  # NAME=... before echo is an assignment; covered above
-    assert command_findings(f"echo {arg} {X}") == []
+@settings(max_examples=200)
+@given(
+    before=st.text(max_size=20),
+    after=st.text(max_size=20),
+    argv=st.lists(st.text(max_size=8), max_size=4),
+    at=st.integers(0, 4),
+)
+def test_a_finding_outside_a_data_position_is_never_accepted(
+    before: str, after: str, argv: list[str], at: int
+) -> None:
+    """Whatever text or argv items stand around it, in shell text, argv, a command
+    precondition or an env name, a finding is refused."""
+    text = f"{before}{X}{after}"
+    items = [*argv[:at], text, *argv[at:]]
+    assert [k for k, _ in choosing_code(SHELL, {"command": text})] == ["command"]
+    assert [k for k, _ in choosing_code(SHELL, {"command": items})] == ["command"]
+    assert [k for k, _ in choosing_code(COMMAND, {"command": text})] == ["command"]
+    assert [k for k, _ in choosing_code(SHELL, {"command": "true", "env": {text: "1"}})] == ["env"]
 
 
-def test_every_code_choosing_env_name_is_refused() -> None:
-    shell = registry.resolve("shell")
-    for name in sorted(CODE_ENV):
-        assert choosing_code(shell, {"command": "true", "env": {name: X}}), name
-        assert command_findings(f"{name}={X} true") == FOUND, name
+@settings(max_examples=200)
+@given(value=DATA, name=st.from_regex(r"[A-Z][A-Z0-9_]{0,10}", fullmatch=True))
+def test_a_finding_inside_a_data_position_is_passed_as_one_value(value: str, name: str) -> None:
+    """As an env value (a name that chooses no code) or a python arg, a finding is accepted
+    and reaches the process as exactly its text: one value, never split or re-read."""
+    if chooses_code(name):
+        return
+    python = registry.resolve("python")
+    assert choosing_code(SHELL, {"command": f'printf %s "${name}"', "env": {name: X}}) == []
+    assert choosing_code(python, {"function": "m:f", "args": {"v": X, "w": [X]}}) == []
+    lookup = {Ref("x", "probe"): value}.__getitem__
+    assert resolve({name: X}, lookup, env_text) == {name: value}
+    assert resolve({"v": X, "w": [X]}, lookup) == {"v": value, "w": [value]}
+
+
+@given(value=st.text(max_size=20), at=st.integers(0, 20))
+def test_a_finding_holding_a_substitution_never_reaches_an_environment(value: str, at: int) -> None:
+    """`$` or a backquote anywhere: refused (bash arithmetic would run `$(...)`)."""
+    for mark in ("$", "`", "\x00"):
+        bad = value[:at] + mark + value[at:]
+        with pytest.raises(TemplateError, match="cannot go into an environment variable"):
+            env_text(Ref("x", "probe"), bad)
+    assert env_text(Ref("x"), "$(a var is the operator's)") == "$(a var is the operator's)"
+
+
+def test_hostile_text_through_the_environment_is_one_value_end_to_end(pdir: PlanDir) -> None:
+    """Real findings (from a python task) through `env:` into bash text and into argv: the
+    process sees each byte for byte as one value; arithmetic on one that holds `$(` is refused
+    before anything starts, and its payload never runs."""
+    values = ["two words", "a;b|c&d", "'\"\\", "x\ny", "*", "-n", "é ‮ z", "a[0]", "~root"]
+    out = pdir.root / "out"
+    out.mkdir()
+    tasks = []
+    for n, value in enumerate(values):
+        tasks += [
+            f"  - {{id: p{n}, kind: python, params: {{function: 'builtins:str', "
+            f"args: {{object: {json.dumps(value)}}}}}}}",
+            f"  - {{id: s{n}, kind: shell, needs: [p{n}], params: {{command: "
+            f"'printf %s \"$V\" > {out}/s{n}', env: {{V: '${{tasks.p{n}.findings.result}}'}}}}}}",
+            f"  - {{id: a{n}, kind: shell, needs: [p{n}], params: {{command: [python3, -c, "
+            f'\'import os,sys; open(sys.argv[1], "w").write(os.environ["V"])\', {out}/a{n}], '
+            f"env: {{V: '${{tasks.p{n}.findings.result}}'}}}}}}",
+        ]
+    tasks += [
+        f"  - {{id: evil, kind: python, params: {{function: 'builtins:str', "
+        f"args: {{object: 'a[$(touch {pdir.root}/pwned)]'}}}}}}",
+        "  - {id: arith, kind: shell, needs: [evil], params: {command: 'echo $(( V ))', "
+        "env: {V: '${tasks.evil.findings.result}'}}}",
+    ]
+    r = run_orch("run", pdir.write("name: t\ntasks:\n" + "\n".join(tasks) + "\n"), "--keep-going")
+    assert r.returncode == 1, r.stderr
+    for n, value in enumerate(values):
+        assert (out / f"s{n}").read_text() == value, n
+        assert (out / f"a{n}").read_text() == value, n
+    statuses = pdir.statuses()
+    assert statuses["arith"] == "failed" and not (pdir.root / "pwned").exists()
+    assert "cannot go into an environment variable" in r.stdout + r.stderr
 
 
 def test_the_kinds_reference_says_where_findings_may_go() -> None:
     doc = (Path(__file__).resolve().parent.parent / "docs/kinds.md").read_text()
     assert "| `function` | str | required | refused: names code |" in doc
-    assert "| `command` | str \\| list[str] | required | an argument, never the command" in doc
+    assert "| `command` | str \\| list[str] | required | refused: parsed as code" in doc
+    assert "| `env` | dict[str, str] | `{}` | data, as a value" in doc

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import os
 import signal
 import subprocess
 import threading
@@ -34,9 +35,13 @@ class ShellParams(BaseModel):
 
     command: Command = Field(
         description="a string run by `bash -eo pipefail -c` (a failing command fails the task), "
-        "or an argv list run directly"
+        "or an argv list run directly; no finding in it: put one in `env`"
     )
-    env: dict[str, str] = {}
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables for the command: where a finding goes, as data "
+        '(`env: {SIZE: "${tasks.w.findings.size}"}`, then `dd bs="$SIZE" ...`)',
+    )
     cwd: str | None = None
     paths: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], str] = Field(
         default_factory=dict,
@@ -219,6 +224,11 @@ class CommandParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: str = Field(description="run by `bash -c`; exit 0 means the condition holds")
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="environment variables for the command: where a finding goes (`env: {RATE: "
+        '"${tasks.x.findings.rate}"}`, then `test "$RATE" != 0`)',
+    )
     timeout: float = Field(60.0, gt=0, description="seconds the command may take")
 
 
@@ -227,12 +237,14 @@ class CommandSucceeds(Precondition[CommandParams]):
 
     Params = CommandParams
     shell_params = frozenset({"command"})
+    env_params = frozenset({"env"})
     read_only = False  # the plan's own command: `orch plan` does not run it
 
     def check(self) -> CheckResult:
         cmd = self.params.command
         proc = subprocess.Popen(
             [*BASH, cmd],
+            env={**os.environ, **self.params.env},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,

@@ -185,17 +185,17 @@ class Task(Generic[P]):
     """Base of every task kind. Subclasses set `Params` and implement `run`."""
 
     Params: ClassVar[type[BaseModel]] = NoParams
-    # Params that are shell text when they are strings: each ${...} value must be an inert
-    # word (templating.inert_word).
+    # Params a shell or an interpreter parses: shell text, or an argv list. No finding may be
+    # in them (plan/trust.py); a var spliced into shell text must be an inert word.
     shell_params: ClassVar[frozenset[str]] = frozenset()
-    # Environment mappings the process gets: when a shell param is a string, bash reads them
-    # too (arithmetic evaluates a variable's text), so their values must be inert words.
+    # Environment mappings the process gets: where a finding reaches it as data ("$NAME"),
+    # never in a variable's name nor in one that chooses code (trust.CODE_ENV).
     env_params: ClassVar[frozenset[str]] = frozenset()
     # Filesystem paths the task writes or reads: one built from a finding stays inside the
     # folder written before it (confine.py).
     path_params: ClassVar[frozenset[str]] = frozenset()
     # Params that name code to run or what gets installed (a function, a module, an
-    # interpreter, a venv, a package, a program): no finding may choose them (trust.py).
+    # interpreter, a venv, a package, a program, its flags): no finding may be in them.
     code_params: ClassVar[frozenset[str]] = frozenset()
     # The param naming a resource this kind lets go (ctx.release), e.g. "server" for
     # server.stop: a revived holder's releasers run again after its users (selection.py).

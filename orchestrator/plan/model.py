@@ -29,11 +29,10 @@ from orchestrator.kinds import registry
 from orchestrator.kinds.task import Duration, as_list
 from orchestrator.plan.templating import (
     Ref,
-    bash_params,
     compile_when,
-    inert_word,
     iter_refs,
     resolve,
+    splices,
 )
 from orchestrator.plan.trust import choosing_code
 from orchestrator.plan.yamlsource import (
@@ -935,13 +934,14 @@ def _validate_params(
     `refs` holds each param's references (check_refs'), None where one is malformed: such a
     param is skipped too, check_refs has reported it already.
     """
-    # A var that bash would read is known now: refuse it here, on its line, not at run time.
-    for name in sorted(bash_params(cls, params)):
+    # A var spliced into shell text or an environment is known now: refuse it here, on its
+    # line, not at run time.
+    for name, splice in sorted(splices(cls, params).items()):
         if (found := refs[name]) is None:
             continue
         for ref in sorted({r for r in found if r.task is None and r.name in variables}, key=str):
             try:
-                inert_word(ref, variables[ref.name])
+                splice(ref, variables[ref.name])
             except TemplateError as exc:
                 issues.append(src.issue((*at, name), f"{label}: param {name!r}: {exc}"))
 

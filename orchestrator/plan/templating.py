@@ -4,11 +4,13 @@ References are found when the plan loads (so an unknown var or task is a plan er
 resolved when the task starts (so a finding recorded a minute ago is seen). `$${` writes a
 literal `${`.
 
-A value that reaches bash must be an inert word (see inert_word): quoting cannot make a value
-safe, because bash arithmetic (`(( X ))`, `[[ X -eq 0 ]]`, `declare -i`, array subscripts)
+A finding reaches a process only as data (trust.py says where); a var the operator chose may be
+spliced into shell text, as an inert word (inert_word): quoting cannot make a value safe,
+because bash arithmetic (`(( X ))`, `[[ X -eq 0 ]]`, `declare -i`, array subscripts)
 evaluates the text of a quoted word or a variable, `$(...)` included. A word made only of
-`[A-Za-z0-9_@%+:,./-]` cannot start a substitution anywhere in bash, so it needs no quoting
-and no context (quotes, heredocs, eval) can turn it into code.
+`[A-Za-z0-9_@%+:,./-]` cannot start a substitution anywhere in bash. A value put in a
+process's environment (env_text) is read by the command as data, and holds no `$` or backquote
+when it is a finding, so no shell evaluating the variable can run it.
 """
 
 from __future__ import annotations
@@ -89,39 +91,42 @@ def before_finding(text: str) -> str | None:
 
 
 Lookup = Callable[[Ref], Any]
+Splice = Callable[[Ref, Any], str]
 
 
-def resolve(value: Any, lookup: Lookup, shell: bool = False) -> Any:
+def resolve(value: Any, lookup: Lookup, splice: Splice | None = None) -> Any:
     """`value` with every reference replaced by lookup(ref).
 
     A string that is exactly one reference takes the referenced value's own type (a port stays
-    an int); inside a longer string the value is formatted. With `shell` the string is text
-    bash reads: every value must be an inert word (TemplateError otherwise) and stays text.
+    an int); inside a longer string the value is formatted. With `splice` every value becomes
+    text through splice(ref, value), which may refuse it (TemplateError): shell text
+    (inert_word) and a process's environment (env_text).
     """
     if isinstance(value, str):
         m = _TEMPLATE.fullmatch(value)
-        if m and not m.group(1) and not shell:
+        if m and not m.group(1) and splice is None:
             return lookup(parse_ref(m.group(2)))
 
-        def splice(m: re.Match[str]) -> str:
+        def one(m: re.Match[str]) -> str:
             if m.group(1):
                 return "${" + m.group(2) + "}"
             ref = parse_ref(m.group(2))
-            return inert_word(ref, lookup(ref)) if shell else _format(lookup(ref))
+            return splice(ref, lookup(ref)) if splice else _format(lookup(ref))
 
-        return _TEMPLATE.sub(splice, value)
+        return _TEMPLATE.sub(one, value)
     if isinstance(value, Mapping):
-        return {k: resolve(v, lookup, shell) for k, v in value.items()}
+        return {k: resolve(v, lookup, splice) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [resolve(v, lookup, shell) for v in value]
+        return [resolve(v, lookup, splice) for v in value]
     return value
 
 
-def bash_params(cls: Any, params: Mapping[str, Any]) -> set[str]:
-    """The params of a task or check of kind `cls` whose values bash reads: its shell params
-    written as strings (a list is argv, no shell), and then its env mappings too."""
-    shell = {k for k in cls.shell_params if isinstance(params.get(k), str)}
-    return shell | (cls.env_params & params.keys()) if shell else shell
+def splices(cls: Any, params: Mapping[str, Any]) -> dict[str, Splice]:
+    """How each param of a task or check of kind `cls` takes a value as text: shell text
+    written as a string (only vars reach it: trust.py refuses findings there) as an inert word,
+    an environment mapping as env_text. Other params keep each value's type."""
+    shell = {k: inert_word for k in cls.shell_params if isinstance(params.get(k), str)}
+    return shell | {k: env_text for k in cls.env_params & params.keys()}
 
 
 # shlex's safe set without `=` (an assignment in arithmetic) and without non-ASCII letters.
@@ -137,17 +142,49 @@ def is_inert(text: str) -> bool:
 
 
 def inert_word(ref: Ref, value: Any) -> str:
-    """The text of a value that bash will read; TemplateError unless it is an inert word."""
+    """The text of a var that bash will read; TemplateError unless it is an inert word."""
     # Lists, dicts and None have no one-word form: refused rather than guessed at.
     if isinstance(value, str | bool | int | float) and is_inert(text := _format(value)):
         return text
-    shown = repr(value) if len(repr(value)) <= 80 else repr(value)[:77] + "..."
     raise TemplateError(
-        f"${{{ref}}} = {shown} cannot reach a shell: a value spliced into a shell command "
-        f"or put in its env must be one plain word of letters, digits and "
-        f"_@%+:,./- (at most {INERT_MAX} characters); pass it as an argv item "
-        f"(`command: [prog, '${{{ref}}}']`), where no shell reads it"
+        f"${{{ref}}} = {_shown(value)} cannot be spliced into shell text: a value there must "
+        f"be one plain word of letters, digits and _@%+:,./- (at most {INERT_MAX} "
+        f'characters); pass it in the environment (env: {{NAME: "${{{ref}}}"}}, then "$NAME")'
     )
+
+
+# Linux's limit on one string of a process's environment (MAX_ARG_STRLEN): past it exec fails.
+ENV_MAX = 128 * 1024
+# `$` and the backquote start a substitution wherever a shell evaluates a variable's text:
+# bash arithmetic (`(( X ))`, `$(( X ))`, `[[ X -eq 0 ]]`, `declare -i`, an array subscript)
+# reads `a[$(cmd)]` in X's value and runs cmd. Without them, a value evaluated there can only
+# be a number or a variable's name. NUL cannot be in an environment at all.
+_NOT_IN_ENV = re.compile(r"[$`\x00]")
+
+
+def env_text(ref: Ref, value: Any) -> str:
+    """A value as text of a process's environment, where the command reads it as data
+    ("$NAME"); TemplateError for a finding that holds `$`, a backquote or NUL, or is too long.
+    A var is the operator's own word: only made text."""
+    if not isinstance(value, str | bool | int | float):
+        raise TemplateError(
+            f"${{{ref}}} = {_shown(value)} cannot go into an environment variable: only a "
+            "string, a number or a boolean has one text"
+        )
+    text = _format(value)
+    if ref.task is not None and (len(text) > ENV_MAX or _NOT_IN_ENV.search(text)):
+        raise TemplateError(
+            f"${{{ref}}} = {_shown(value)} cannot go into an environment variable: a finding "
+            f"there must hold no `$`, backquote or NUL (a shell evaluating the variable, as "
+            f"bash arithmetic does, would run what follows `$(`) and be at most "
+            f"{ENV_MAX // 1024} KiB"
+        )
+    return text
+
+
+def _shown(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
 def _format(value: Any) -> str:

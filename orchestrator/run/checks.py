@@ -2,7 +2,7 @@
 
 Both look at the world as it is when the task is about to start: vars, the findings upstream
 tasks recorded, the host (a precondition may wait for it, up to its `wait`). A reference that
-cannot be resolved, or would reach bash as more than an inert word, is a TemplateError (the task
+cannot be resolved, or would reach a process as more than data, is a TemplateError (the task
 fails); a precondition that does not hold is what was found (the task is blocked).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.core.errors import TemplateError
 from orchestrator.plan.model import Plan, PlannedCheck, PlannedTask
-from orchestrator.plan.templating import Ref, bash_params, resolve
+from orchestrator.plan.templating import Ref, resolve, splices
 from orchestrator.plan.trust import choosing_code
 from orchestrator.proc.interrupts import nap
 from orchestrator.run.confine import confine
@@ -47,15 +47,16 @@ class Checks:
         return found.value
 
     def resolve_params(self, cls: type[Any], params: dict[str, Any]) -> dict[str, Any]:
-        """Params with their ${...} resolved; TemplateError where a value would reach bash as
-        more than an inert word, or a path built from a finding leaves its folder."""
+        """Params with their ${...} resolved; TemplateError where a finding would reach a
+        process as more than data (trust.py), a value cannot be text where it must be, or a
+        path built from a finding leaves its folder."""
         if chosen := choosing_code(cls, params):  # a task added through the store too
             raise TemplateError("; ".join(f"param {key!r}: {why}" for key, why in chosen))
-        shell = bash_params(cls, params)  # argv items and their env are passed as they are
+        as_text = splices(cls, params)
         resolved = {}
         for k, v in params.items():
             try:
-                resolved[k] = resolve(v, self.lookup, shell=k in shell)
+                resolved[k] = resolve(v, self.lookup, as_text.get(k))
             except TemplateError as exc:
                 raise TemplateError(f"param {k!r}: {exc}") from None
         for k in cls.path_params & params.keys():

@@ -27,7 +27,7 @@ def roots_of(written: str, homes: Sequence[Path], lookup: Lookup) -> list[Path] 
     written before the finding); None when it uses no finding (nothing to confine)."""
     if (before := before_finding(written)) is None:
         return None
-    prefix = str(resolve(before, lookup, shell=False)) if before else ""
+    prefix = str(resolve(before, lookup)) if before else ""
     folder = prefix[: prefix.rfind("/") + 1]  # `out/run-${x}`: the folder is out/
     # A relative prefix is read by the task against orch's working directory, as it will be.
     return [Path(os.path.realpath(p)) for p in ([folder] if folder else homes)]
