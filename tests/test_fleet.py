@@ -221,13 +221,14 @@ def test_a_host_result_is_judged_by_what_it_answered() -> None:
         "refused",
         f"no orch at {python} (set orch_venv, or install it)",
     )
-    ok = {"result": {"exit_code": 0, "outcome": "completed"}, "board": []}
+    ok = {"result": {"exit_code": 0, "outcome": "completed"}, "board": [], "build": "0.1.0+x"}
     assert said(stdout="noise\n" + json.dumps(ok))[0] == "completed"
     failed = {
         "result": {"exit_code": 1, "outcome": "failed"},
         "board": [
             {"id": "install", "status": "failed", "last_error": "exit code 1", "findings": []}
         ],
+        "build": "0.1.0+x",
     }
     assert said(stdout=json.dumps(failed)) == ("failed", "at install (exit code 1)")
     assert said(stdout='{"refused": "orch here is A, the controller\'s is B"}')[0] == "refused"

@@ -26,6 +26,7 @@ STATE_COLOR = {
     "waiting": "33;1",
     "pending": "2",
     "removed": "2",
+    "unreadable": "31",
 }
 
 
@@ -59,7 +60,7 @@ def fleet_status(record: FleetRecord, roll: Roll) -> dict[str, Any]:
                 "sent": h.sent,
                 "started_at": iso(h.started_at),
                 "ended_at": iso(h.ended_at),
-                "tasks": h.board,
+                "tasks": [t.model_dump(mode="json") for t in h.board],
             }
             for h in record.hosts(roll.id)
         ],
@@ -83,7 +84,7 @@ def render_fleet(doc: dict[str, Any], color: bool = False, width: int | None = N
     lines = [paint(clean(head, multiline=False), "1")]
     if roll["detail"]:
         lines.append(clean(roll["detail"], multiline=False)[:width])
-    host_w = min(max(4, *(len(h["host"]) for h in hosts)), 24)
+    host_w = min(max([4, *(len(h["host"]) for h in hosts)]), 24)
     marks_w = max(len(ids) * 2, 5)
     lines.append(f" {'host':<{host_w}}  {'state':<11} {'batch':<6} {'tasks':<{marks_w}} detail")
     for h in hosts:

@@ -32,21 +32,15 @@ from pydantic import BaseModel, Field, ValidationError
 
 from orchestrator.core.errors import OrchError
 from orchestrator.core.umask import private_files
+from orchestrator.fleet.answer import BoardTask, Finding
 from orchestrator.fleet.build import build_id
 
 if TYPE_CHECKING:
     from orchestrator.api import Runbook
 
-TASK_FIELDS = (
-    "id",
-    "status",
-    "attempts",
-    "started_at",
-    "ended_at",
-    "duration_s",
-    "last_error",
-    "role",  # a compensation or a `finally` task: not the plan's own flow
-)
+# What the controller reads of each task (answer.py's schema): the host writes those keys only.
+TASK_FIELDS = tuple(k for k in BoardTask.model_fields if k != "findings")
+FINDING_FIELDS = tuple(Finding.model_fields)
 
 
 def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:
@@ -55,10 +49,7 @@ def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:
     return [
         {
             **{k: t.get(k) for k in TASK_FIELDS},
-            "findings": [
-                {k: f.get(k) for k in ("key", "value", "unit", "note")}
-                for f in t.get("findings", [])
-            ],
+            "findings": [{k: f.get(k) for k in FINDING_FIELDS} for f in t.get("findings", [])],
         }
         for t in status.get("tasks", [])
     ]

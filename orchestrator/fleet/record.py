@@ -8,6 +8,10 @@ keeps every host state change, oldest first: the roll's history, the next mornin
 
 What is kept of a host's plan is its board as the host's orch reported it (ids, statuses,
 times, findings), already masked there: no output tail, no log text, no secret.
+
+Every row is read back through a schema (the board through its answer's, answer.py): a value
+the file should not hold (an unknown state, a wrong type, a board that is not JSON) makes that
+row `unreadable`, saying why, instead of a traceback in `orch fleet status`.
 """
 
 from __future__ import annotations
@@ -17,11 +21,13 @@ import sqlite3
 import time
 from collections.abc import Iterable, Sequence
 from contextlib import closing
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, TypeVar
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json, ValidationError
 
 from orchestrator.core.errors import StoreError
+from orchestrator.fleet.answer import BOARD, BoardTask, Timestamp, explain
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rolls (
@@ -79,42 +85,78 @@ HOST_STATES = (
     "removed",
 )
 DONE = "completed"
+# Never written: what a read says of a row that does not fit the schema below (its detail
+# says why). A roll or host in it is open: the next roll sends the plan again, which rewrites
+# the row, or refuses to resume a roll it cannot read.
+UNREADABLE = "unreadable"
 
 
-@dataclass(frozen=True)
-class Roll:
-    id: int
-    plan: str
-    plan_file: str
-    inventory: str
-    build: str
-    canary: int
-    serial: str
-    options: dict[str, Any]
-    state: str
-    detail: str | None
-    started_at: float
-    ended_at: float | None
-    approved_by: str | None
-    approved_at: float | None
-    note: str | None
+def _one_of(states: tuple[str, ...]) -> AfterValidator:
+    def check(value: str) -> str:
+        if value not in states:
+            raise ValueError("should be " + ", ".join(map(repr, states)))
+        return value
+
+    return AfterValidator(check)
+
+
+class _Row(BaseModel):
+    """A row as read: every column through its type, strict (SQLite keeps whatever it was
+    given), each with a default that a column which does not fit falls back to (`_read`)."""
+
+    model_config = ConfigDict(strict=True, extra="ignore", allow_inf_nan=False, frozen=True)
+
+
+class Roll(_Row):
+    id: int = 0
+    plan: str = "?"
+    plan_file: str = "?"
+    inventory: str = "?"
+    build: str = "?"
+    canary: int = Field(0, ge=0)
+    serial: str = "?"
+    options: Json[dict[str, Any]] = {}
+    state: Annotated[str, _one_of(ROLL_STATES)] = UNREADABLE
+    detail: str | None = None
+    started_at: Timestamp = 0.0
+    ended_at: Timestamp | None = None
+    approved_by: str | None = None
+    approved_at: Timestamp | None = None
+    note: str | None = None
 
     @property
     def open(self) -> bool:
         return self.state not in ("completed", "abandoned")
 
 
-@dataclass(frozen=True)
-class HostRow:
-    host: str
-    position: int
-    batch: int
-    state: str
-    detail: str | None
-    sent: int  # how many times the controller sent it the plan
-    started_at: float | None
-    ended_at: float | None
-    board: list[dict[str, Any]]  # the host's tasks as its orch last reported them
+class HostRow(_Row):
+    host: str = "?"
+    position: int = 0
+    batch: int = 0
+    state: Annotated[str, _one_of(HOST_STATES)] = UNREADABLE
+    detail: str | None = None
+    sent: int = Field(0, ge=0)  # how many times the controller sent it the plan
+    started_at: Timestamp | None = None
+    ended_at: Timestamp | None = None
+    # The host's tasks as its orch last reported them, through the schema of its answer.
+    board: Json[list[BoardTask]] = []
+
+
+R = TypeVar("R", bound=_Row)
+
+
+def _read(model: type[R], row: sqlite3.Row) -> R:
+    """A row through its model; one that does not fit it is still read, `unreadable` with the
+    first problem in its detail, the columns at fault at their defaults: a board is always
+    drawn, whatever the file holds."""
+    columns = {k: v for k, v in dict(row).items() if v is not None}  # NULL: the default
+    try:
+        return model.model_validate(columns)
+    except ValidationError as exc:
+        bad = {e["loc"][0] for e in exc.errors() if e["loc"]}
+        kept = model.model_validate({k: v for k, v in columns.items() if k not in bad})
+        why = f"this row of the record cannot be read: {explain(exc)}"
+        return kept.model_copy(update={"state": UNREADABLE, "detail": why})
 
 
 class FleetRecord:
@@ -156,14 +198,13 @@ class FleetRecord:
 
     def rolls(self) -> list[Roll]:
         """Newest first. A record holds one plan's rolls (it lives beside that plan's store)."""
-        rows = self._db.execute("SELECT * FROM rolls ORDER BY id DESC")
-        return [_roll(r) for r in rows]
+        return [_read(Roll, r) for r in self._select("SELECT * FROM rolls ORDER BY id DESC")]
 
     def roll(self, roll_id: int) -> Roll:
-        row = self._db.execute("SELECT * FROM rolls WHERE id=?", (roll_id,)).fetchone()
-        if row is None:
+        rows = self._select("SELECT * FROM rolls WHERE id=?", (roll_id,))
+        if not rows:
             raise StoreError(f"{self.path} has no roll #{roll_id}")
-        return _roll(row)
+        return _read(Roll, rows[0])
 
     def new_roll(
         self,
@@ -254,21 +295,8 @@ class FleetRecord:
     # --- hosts ---------------------------------------------------------------------------
 
     def hosts(self, roll_id: int) -> list[HostRow]:
-        rows = self._db.execute("SELECT * FROM hosts WHERE roll_id=? ORDER BY position", (roll_id,))
-        return [
-            HostRow(
-                r["host"],
-                r["position"],
-                r["batch"],
-                r["state"],
-                r["detail"],
-                r["sent"],
-                r["started_at"],
-                r["ended_at"],
-                json.loads(r["board"]) if r["board"] else [],
-            )
-            for r in rows
-        ]
+        sql = "SELECT * FROM hosts WHERE roll_id=? ORDER BY position"
+        return [_read(HostRow, r) for r in self._select(sql, (roll_id,))]
 
     def start_hosts(self, roll_id: int, hosts: Sequence[str]) -> None:
         """Committed before Ansible is asked: these hosts may now have work in flight."""
@@ -293,12 +321,14 @@ class FleetRecord:
         host: str,
         state: str,
         detail: str | None,
-        board: list[dict[str, Any]] | None = None,
+        board: Sequence[BoardTask] | None = None,
     ) -> None:
         assert state in HOST_STATES, state
         now = time.time()
         keep = "board" if board is None else "?"
-        args: list[Any] = [state, detail, now] + ([] if board is None else [json.dumps(board)])
+        args: list[Any] = [state, detail, now] + (
+            [] if board is None else [BOARD.dump_json(list(board)).decode()]
+        )
         self._write(
             [
                 (
@@ -311,8 +341,16 @@ class FleetRecord:
         )
 
     def moves(self, roll_id: int) -> list[dict[str, Any]]:
-        rows = self._db.execute("SELECT * FROM moves WHERE roll_id=? ORDER BY id", (roll_id,))
+        rows = self._select("SELECT * FROM moves WHERE roll_id=? ORDER BY id", (roll_id,))
         return [dict(r) for r in rows]
+
+    def _select(self, sql: str, args: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        """A read; a file that is not a fleet record (tables of another shape, damage) is said
+        in a line, as `open` says it."""
+        try:
+            return self._db.execute(sql, args).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise StoreError(f"{self.path} is not a readable fleet record: {exc}") from None
 
 
 def _move(
@@ -320,26 +358,6 @@ def _move(
 ) -> tuple[str, Sequence[Any]]:
     sql = "INSERT INTO moves (roll_id, at, host, state, detail) VALUES (?, ?, ?, ?, ?)"
     return sql, (roll_id, time.time(), host, state, detail)
-
-
-def _roll(r: sqlite3.Row) -> Roll:
-    return Roll(
-        r["id"],
-        r["plan"],
-        r["plan_file"],
-        r["inventory"],
-        r["build"],
-        r["canary"],
-        r["serial"],
-        json.loads(r["options"]),
-        r["state"],
-        r["detail"],
-        r["started_at"],
-        r["ended_at"],
-        r["approved_by"],
-        r["approved_at"],
-        r["note"],
-    )
 
 
 def record_path(store: Path) -> Path:

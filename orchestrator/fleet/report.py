@@ -50,10 +50,11 @@ _GLYPHS: dict[str, str] = {
     "interrupted": "⚠",
     "stopped": "■",
     "unreachable": "⚡",
+    "unreadable": "?",
 }
 
 _FLEET_STYLE = """
-.error,.unreachable,.refused{color:#b3470b}.pending,.skipped{color:#777}
+.error,.unreachable,.refused,.unreadable{color:#b3470b}.pending,.skipped{color:#777}
 .running,.in_progress,.waiting,.awaiting_approval{color:#0a6fa8}
 td.cell{white-space:nowrap}.note{color:#555;font-size:12px}
 """

@@ -39,10 +39,20 @@ from orchestrator.core.errors import (
     UsageError,
 )
 from orchestrator.core.periodic import every
+from orchestrator.core.status import Status
 from orchestrator.fleet.ansible import HostResult, last_line, run_command
+from orchestrator.fleet.answer import (
+    BoardTask,
+    Errored,
+    Finding,
+    Refused,
+    Unreadable,
+    one_line,
+    read_answer,
+)
 from orchestrator.fleet.build import build_id
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
-from orchestrator.fleet.record import DONE, FleetRecord, Roll, record_path
+from orchestrator.fleet.record import DONE, UNREADABLE, FleetRecord, Roll, record_path
 
 DEFAULT_VENV = "/opt/orch/venv"
 DEFAULT_HOME = "/var/lib/orch"
@@ -141,6 +151,11 @@ class Roller:
         o = self.options
         open_roll = next((r for r in record.rolls() if r.open), None)
         if open_roll is not None and not o.new_roll:
+            if open_roll.state == UNREADABLE:  # its canary or serial may be lost: no guessing
+                raise UsageError(
+                    f"roll #{open_roll.id} cannot be resumed: {open_roll.detail}; "
+                    "`--new-roll` begins a new one (each host's store knows what it did)"
+                )
             self.say(
                 f"resuming roll #{open_roll.id} ({open_roll.state}"
                 + (f": {open_roll.detail}" if open_roll.detail else "")
@@ -395,11 +410,17 @@ def approve_roll(store: Path, note: str | None) -> Roll:
         record.close()
 
 
-def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[str, Any]] | None]:
-    """A host's state, a one-line detail and its board, from what Ansible brought back."""
+def judge(result: HostResult, python: str) -> tuple[str, str | None, list[BoardTask] | None]:
+    """A host's state, a one-line detail and its board, from what Ansible brought back. The
+    detail carries the host's (or Ansible's) words: escaped and cut here, once."""
+    state, detail, board = _judge(result, python)
+    return state, one_line(detail) if detail else None, board
+
+
+def _judge(result: HostResult, python: str) -> tuple[str, str | None, list[BoardTask] | None]:
     if not result.reached:
         return "unreachable", last_line(result.msg) or "Ansible could not reach it", None
-    answer = _answer(result.stdout)
+    answer = read_answer(result.stdout)
     if answer is None:
         said = last_line(result.stderr) or last_line(result.msg)
         # The command module could not execute it: rc 2 and not a word from the program.
@@ -408,50 +429,43 @@ def judge(result: HostResult, python: str) -> tuple[str, str | None, list[dict[s
         if "No module named" in said:
             return "refused", f"the orch at {python} has no fleet support: {said}", None
         return "error", said or f"exit code {result.rc} and no answer", None
-    if "refused" in answer:
-        return "refused", str(answer["refused"]), None
-    if "error" in answer:
-        return "error", last_line(str(answer["error"])), None
-    board: list[dict[str, Any]] = answer.get("board", [])
-    code = answer["result"]["exit_code"]
+    if isinstance(answer, Unreadable):  # counted as any failure: it stops the roll
+        return (
+            "failed",
+            f"the host answered in a shape this controller cannot read: {answer.reason}",
+            None,
+        )
+    if isinstance(answer, Refused):
+        return "refused", answer.refused, None
+    if isinstance(answer, Errored):
+        return "error", last_line(answer.error), None
+    board, code = answer.board, answer.result.exit_code
     if code == EXIT_OK:
         return "completed", _headline(board), board
     if code == EXIT_WAITING:
-        gates = [t["id"] for t in board if t["status"] == "waiting"]
+        gates = [t.id for t in board if t.status is Status.WAITING]
         return "waiting", f"at the plan's gate {', '.join(gates)}", board
     if code == EXIT_INTERRUPTED:
         return "failed", "its run was interrupted there", board
-    failed = next((t for t in board if t["status"] == "failed"), None)
+    failed = next((t for t in board if t.status is Status.FAILED), None)
     if failed is None:
-        return "failed", f"its run ended {answer['result']['outcome']}", board
-    error = last_line(failed.get("last_error") or "")
-    return "failed", f"at {failed['id']}" + (f" ({error})" if error else ""), board
+        return "failed", f"its run ended {answer.result.outcome}", board
+    error = last_line(failed.last_error or "")
+    return "failed", f"at {failed.id}" + (f" ({error})" if error else ""), board
 
 
-def _answer(stdout: str) -> dict[str, Any] | None:
-    for line in reversed(stdout.splitlines()):
-        if line.startswith("{"):
-            try:
-                doc = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(doc, dict):
-                return doc
-    return None
-
-
-def _headline(board: Sequence[dict[str, Any]]) -> str | None:
+def _headline(board: Sequence[BoardTask]) -> str | None:
     """Two findings of the plan's latest task that has any (not of a compensation): what a
     person glances at first."""
-    for task in reversed([t for t in board if not t.get("role")]):
-        shown = [_finding(f) for f in task.get("findings", [])][:2]
+    for task in reversed([t for t in board if not t.role]):
+        shown = [_finding(f) for f in task.findings][:2]
         if shown:
-            return f"{task['id']}: " + ", ".join(shown)
+            return f"{task.id}: " + ", ".join(shown)
     return None
 
 
-def _finding(f: dict[str, Any]) -> str:
-    return f"{f['key']}={f['value']}" + (f" {f['unit']}" if f.get("unit") else "")
+def _finding(f: Finding) -> str:
+    return f"{f.key}={f.value}" + (f" {f.unit}" if f.unit else "")
 
 
 def _venv(host: InventoryHost) -> str:
