@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import StoreError
+from orchestrator.core.safeopen import ensure_store_folder
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS rolls (
@@ -126,8 +127,8 @@ class FleetRecord:
     def open(cls, path: Path, create: bool = False) -> FleetRecord:
         if not path.exists() and not create:
             raise StoreError(f"no fleet record at {path}: no `orch fleet run` of this plan yet")
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:  # as the plan's store: no link in its place or its folder's (core/safeopen.py)
+            ensure_store_folder(path, create=create)
             conn = sqlite3.connect(path, isolation_level=None, timeout=10)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")
