@@ -34,10 +34,7 @@ def victim(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def untouched(path: Path) -> bool:
-    return (
-        path.read_text() == "export PATH=/usr/bin\n"
-        and path.stat().st_mtime == 1_000_000_000
-    )
+    return path.read_text() == "export PATH=/usr/bin\n" and path.stat().st_mtime == 1_000_000_000
 
 
 def refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
@@ -181,9 +178,7 @@ def planted_orch(pdir: PlanDir, how: Callable[[Path], None]) -> Path:
     return orch
 
 
-@pytest.mark.parametrize(
-    ("mode", "word"), [(0o777, "world-writable"), (0o775, "group-writable")]
-)
+@pytest.mark.parametrize(("mode", "word"), [(0o777, "world-writable"), (0o775, "group-writable")])
 def test_orch_folder_others_may_write_is_refused(pdir: PlanDir, mode: int, word: str) -> None:
     orch = planted_orch(pdir, lambda p: p.chmod(mode))
     r = run_orch("run", pdir.write(PLAN))

@@ -27,7 +27,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, Literal, TextIO, overload
 
 from orchestrator.core.errors import UnsafePath
 
@@ -120,6 +120,10 @@ def open_fd(path: Path, flags: int, mode: int = 0o600) -> int:
         raise
 
 
+@overload
+def open_for_append(path: Path, binary: Literal[False] = ..., buffering: int = ...) -> TextIO: ...
+@overload
+def open_for_append(path: Path, binary: Literal[True], buffering: int = ...) -> BinaryIO: ...
 def open_for_append(path: Path, binary: bool = False, buffering: int = -1) -> IO[Any]:
     """`path` opened to append (created 0600 if missing), never through a link: a log."""
     fd = open_fd(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
