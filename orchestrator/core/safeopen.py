@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
-import secrets
 import stat
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal, TextIO, overload
@@ -142,7 +141,8 @@ def write_atomically(path: Path, data: bytes | str) -> None:
     then renamed over it, so an existing file is never opened; a link at `path` is refused.
     The mode is what the umask gives a new file, as Path.write_bytes would."""
     refuse_link(path)
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    # os.urandom, not `secrets`: that imports hashlib, which `orch status` must not pay for.
+    tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
     fd = open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
     try:
         with os.fdopen(fd, "wb") as f:
