@@ -844,13 +844,13 @@ def report(
 
         folder = out_dir or record_path(path).with_suffix(".report")
         doc = _fleet_doc(plan_file, run_id)
-        page, figures = _writing(folder, lambda: write_fleet_report(doc, folder))
+        page, figures = _writing(folder, lambda: write_fleet_report(doc, folder), out_dir is None)
     else:
         store = _open_store(path)
         folder = out_dir or path.with_suffix(".report")
         try:
             page, figures = _writing(
-                folder, lambda: write_report(store, folder, kind_sections, run_id)
+                folder, lambda: write_report(store, folder, kind_sections, run_id), out_dir is None
             )
         finally:
             store.close()
@@ -1228,8 +1228,16 @@ def _fleet_doc(plan_file: Path, roll_id: int | None = None) -> dict[str, Any]:
 # --- shared ----------------------------------------------------------------------------------
 
 
-def _writing(folder: Path, write: Callable[[], tuple[Path, list[Path]]]) -> tuple[Path, list[Path]]:
+def _writing(
+    folder: Path, write: Callable[[], tuple[Path, list[Path]]], own: bool
+) -> tuple[Path, list[Path]]:
+    """`own`: orch's <store>.report, checked as its other folders (core/safeopen.py); a folder
+    the user named with -o is the user's: only the files orch writes in it are."""
+    from orchestrator.core.safeopen import ensure_private_dir
+
     try:
+        if own:
+            ensure_private_dir(folder)
         return write()
     except OSError as exc:  # under /proc, on a file, read-only: the folder's fault, said so
         why = exc.strerror or str(exc)

@@ -59,6 +59,11 @@ class StoreError(OrchError):
     """The store cannot be used (different plan, newer schema, corrupt)."""
 
 
+class UnsafePath(OrchError):
+    """orch's folder, or a file it would write, could send its writes elsewhere: a link, a
+    folder another user owns or may write (core/safeopen.py)."""
+
+
 class TaskError(Exception):
     """Raised by a task (or a precondition) to fail with a plain message and no traceback."""
 

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import UsageError
+from orchestrator.core.safeopen import ensure_private_dir
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ def run_play(
             )
         return False  # written nowhere: the artifacts hold nothing we keep
 
-    work.mkdir(mode=0o700, parents=True, exist_ok=True)
+    ensure_private_dir(work, no_links_inside=True)  # ansible's private data: core/safeopen.py
     for left in work.glob("ansible-*"):  # a killed controller's
         shutil.rmtree(left, ignore_errors=True)
     private = tempfile.mkdtemp(prefix="ansible-", dir=work.resolve())

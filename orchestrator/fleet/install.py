@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.errors import UsageError
+from orchestrator.core.safeopen import ensure_private_dir
 from orchestrator.fleet.ansible import last_line
 from orchestrator.fleet.build import build_id
 
@@ -39,13 +40,14 @@ def source_root() -> Path:
 
 def wheelhouse(work: Path) -> Path:
     """`work/wheels-<build>.tar`: orch and its dependencies as wheels; built once a build."""
+    # The wheels in it are installed on every host: a link there is refused (core/safeopen.py).
+    ensure_private_dir(work, no_links_inside=True)
     build = build_id()
     tar = work / f"wheels-{build}.tar"
     if tar.is_file():
         return tar
     folder = work / f"wheels-{build}"
     shutil.rmtree(folder, ignore_errors=True)
-    work.mkdir(mode=0o700, parents=True, exist_ok=True)
     argv = [sys.executable, "-m", "pip", "wheel", "-q", "-w", str(folder), str(source_root())]
     done = subprocess.run(argv, capture_output=True, text=True, check=False)
     if done.returncode != 0:

@@ -27,6 +27,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Json, ValidationError
 
 from orchestrator.core.errors import StoreError
+from orchestrator.core.safeopen import ensure_store_folder
 from orchestrator.fleet.answer import BOARD, BoardTask, Timestamp, explain
 
 SCHEMA = """
@@ -168,8 +169,8 @@ class FleetRecord:
     def open(cls, path: Path, create: bool = False) -> FleetRecord:
         if not path.exists() and not create:
             raise StoreError(f"no fleet record at {path}: no `orch fleet run` of this plan yet")
-        try:
-            path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        try:  # as the plan's store: no link in its place or its folder's (core/safeopen.py)
+            ensure_store_folder(path, create=create)
             conn = sqlite3.connect(path, isolation_level=None, timeout=10)
             conn.row_factory = sqlite3.Row
             conn.execute("PRAGMA journal_mode=WAL")

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.core.durations import format_duration
+from orchestrator.core.safeopen import write_atomically
 from orchestrator.core.terminal import clean, plural
 from orchestrator.kinds.sections import Figure, png_of, pyplot, safe_name
 from orchestrator.views.report import _STYLE, _e, _figure_html
@@ -443,11 +444,9 @@ def write_fleet_report(doc: Mapping[str, Any], out_dir: Path) -> tuple[Path, lis
     pngs = []
     for fig in ([timeline] if timeline else []) + strips:
         pngs.append(out_dir / f"{fig.name}.png")
-        pngs[-1].write_bytes(fig.png)
+        write_atomically(pngs[-1], fig.png)  # never through a link: core/safeopen.py
     page = out_dir / "fleet.html"
-    page.write_text(
-        _page(doc, timeline, list(zip(comparisons, strips, strict=True))), encoding="utf-8"
-    )
+    write_atomically(page, _page(doc, timeline, list(zip(comparisons, strips, strict=True))))
     return page, pngs
 
 

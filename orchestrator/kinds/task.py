@@ -19,6 +19,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import TaskError
 from orchestrator.core.findings import Finding, FindingValue, parse_finding_line
+from orchestrator.core.safeopen import open_for_append
 from orchestrator.proc.spawn import LOG_LIMIT, ProcessResult, run_process
 
 if TYPE_CHECKING:
@@ -128,7 +129,7 @@ class Context:
     def log(self, text: str) -> None:
         """Append `text` (a line, or lines) to this task's log: what `orch logs ID` shows."""
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with self.log_path.open("a") as f:
+        with open_for_append(self.log_path) as f:
             f.write(text if text.endswith("\n") else text + "\n")
 
     def remaining(self) -> float | None:

@@ -26,6 +26,7 @@ from typing import IO
 from orchestrator.core.durations import format_seconds
 from orchestrator.core.errors import TaskError, TaskTimeout
 from orchestrator.core.redact import Masker, active, mask
+from orchestrator.core.safeopen import open_for_append, open_for_update
 from orchestrator.core.umask import user_umask
 from orchestrator.proc.containment import jail
 from orchestrator.proc.interrupts import hold_interrupts
@@ -94,7 +95,7 @@ def run_process(
     # to the `try` below, would leave it running: they are held until that `try` is entered.
     held = hold_interrupts()
     try:
-        with log_path.open("ab") as log:
+        with open_for_append(log_path, binary=True) as log:
             log.write(f"$ {mask(shlex.join(argv))}\n".encode())  # what ran, for `orch logs`
             log.flush()  # before the child writes to the same file
             offset = log.tell()
@@ -181,7 +182,7 @@ class _Pump:
 
     def __init__(self, source: IO[bytes], log_path: Path) -> None:
         self.source, self.masker = source, Masker()
-        self.log = log_path.open("ab", buffering=0)
+        self.log = open_for_append(log_path, binary=True, buffering=0)
         self.ended = threading.Event()
         self.thread = threading.Thread(target=self.pump, name="orch-output", daemon=True)
         self.thread.start()
@@ -263,7 +264,7 @@ class LogCap:
         if size <= self.head_end + self.limit // 2 + len(self.note()):
             return
         tail_start = size - self.limit // 4  # keep the latest quarter after the note
-        with self.path.open("r+b") as f:
+        with open_for_update(self.path) as f:
             body_start = self.head_end + (len(self.note()) if self.dropped else 0)
             f.seek(tail_start)
             latest = f.read(size - tail_start)

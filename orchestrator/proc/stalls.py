@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Literal, Protocol
 
 from orchestrator.core.errors import TaskError
 from orchestrator.core.redact import mask
+from orchestrator.core.safeopen import open_for_append
 from orchestrator.proc.procfs import stat_fields, tail
 
 if TYPE_CHECKING:
@@ -253,7 +254,7 @@ class StallWatcher:
             return None
         try:
             self.evidence.parent.mkdir(parents=True, exist_ok=True)
-            with self.evidence.open("a") as f:
+            with open_for_append(self.evidence) as f:
                 f.write(text)
         except OSError:
             return None  # a full disk must not turn a stall into a crash

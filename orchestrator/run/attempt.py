@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.core import redact
 from orchestrator.core.errors import TaskError, TemplateError
 from orchestrator.core.findings import Finding, checked, summarize
+from orchestrator.core.safeopen import open_for_append
 from orchestrator.core.status import Status
 from orchestrator.kinds import registry
 from orchestrator.kinds.task import Context
@@ -252,7 +253,7 @@ class Attempts:
             error = str(exc)
         except Exception as exc:  # a bug in a task class fails the task, not the run
             error = f"{type(exc).__name__}: {exc}"
-            with log_path.open("a") as f:
+            with open_for_append(log_path) as f:
                 f.write(redact.mask(traceback.format_exc()))
         else:
             duration = time.time() - started

@@ -31,6 +31,7 @@ import structlog
 
 from orchestrator.core import redact
 from orchestrator.core.errors import EXIT_FAILED, EXIT_OK, EXIT_WAITING
+from orchestrator.core.safeopen import ensure_private_dir
 from orchestrator.core.status import RunOutcome, Status
 from orchestrator.kinds import registry
 from orchestrator.plan.model import Plan, PlannedTask
@@ -98,7 +99,9 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
             return nothing_to_undo(store, plan, options, dead)
         run_id = store.next_run_id()
         log_dir = runs_dir(store_path) / str(run_id)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        # Run ids start again at 1 with a new store, and a clone may ship this folder: a
+        # link in it, where the tasks' logs go by name, is refused before anything runs.
+        ensure_private_dir(log_dir, no_links_inside=True)
         events = runlog.configure(log_dir / "events.jsonl", options.console_level)
         run_id = store.begin_run(who, str(plan.file), shlex.join(options.argv), log_dir)
         lock.note_run(run_id)

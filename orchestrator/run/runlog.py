@@ -13,6 +13,7 @@ from typing import Any, TextIO
 import structlog
 
 from orchestrator.core.redact import mask_value
+from orchestrator.core.safeopen import open_for_append
 from orchestrator.core.terminal import clean, use_color
 
 LEVELS = {
@@ -32,7 +33,7 @@ def configure(events_path: Path | None, console_level: str = "info") -> TextIO |
 
     Returns the open events file (the caller closes it at the end of the run).
     """
-    sink = events_path.open("a", encoding="utf-8", buffering=1) if events_path else None
+    sink = open_for_append(events_path, buffering=1) if events_path else None
     threshold = LEVELS[console_level]
 
     # One processor for what every event needs (two per task): level, local ISO time, masking,

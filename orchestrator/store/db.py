@@ -19,7 +19,8 @@ checks that the path still names the file opened, so a store removed or replaced
 the run instead of recording into an unlinked inode. Where the file or its folder cannot be
 written, the store opens read-only (`mode=ro`, else `immutable=1`: see `_connect`) for the
 commands that only read. The store, its -wal/-shm (SQLite gives them the file's mode), the
-folder made for it and the runs folder are private: 0600/0700.
+folder made for it and the runs folder are private: 0600/0700; none of them is opened through
+a link (core/safeopen.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from orchestrator.core.files import not_a_file
 from orchestrator.core.findings import Finding, FindingValue
 from orchestrator.core.guards import undone_by
 from orchestrator.core.redact import mask, mask_value
+from orchestrator.core.safeopen import ensure_private_dir, ensure_store_folder, open_fd
 from orchestrator.core.status import ALLOWED, MANUAL, RunOutcome, Status
 from orchestrator.store.records import (  # the records of its API, imported from here too
     PLAN_ORIGIN as PLAN_ORIGIN,
@@ -80,7 +82,7 @@ if TYPE_CHECKING:  # the rows it returns: for annotations only (`orch status` im
 BUSY_TIMEOUT_MS = 10_000
 PAGE_SIZE = 1024  # bytes, for a new store: see _connect
 SQLITE_MAGIC = b"SQLite format 3\x00"
-PRIVATE_DIR, PRIVATE_FILE = 0o700, 0o600
+PRIVATE_FILE = 0o600  # the folders: core/safeopen.py
 # OSErrors that are the storage's fault, not a bug: reported as StoreError by the CLI.
 STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 # sqlite3 decodes its error messages as UTF-8: a damaged schema's bytes in one raise this.
@@ -123,6 +125,21 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
     if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
         return f"{path} cannot be read or written ({exc}): check the disk and its permissions"
     return f"{path} is damaged ({exc}): {_RESTORE}"
+
+
+def _cannot_create(path: Path, exc: OSError, tmp: Path | None = None) -> str:
+    """The store (or its folder) could not be made: where, why, and the way out (--store)."""
+    named = exc.filename and exc.filename not in (str(path), str(tmp))
+    where = f" ({exc.filename})" if named else ""
+    return (
+        f"cannot create the store {path}: {exc.strerror}{where}; "
+        "give a writable place with --store PATH (or ORCH_STORE)"
+    )
+
+
+def _made_beside(tmp: Path) -> tuple[Path, Path, Path]:
+    """A store being built and what SQLite makes beside it."""
+    return (tmp, tmp.with_name(tmp.name + "-wal"), tmp.with_name(tmp.name + "-shm"))
 
 
 def lost_message(path: Path, replaced: bool = False) -> str:
@@ -292,6 +309,10 @@ class Store:
     def open(cls, path: Path, create: bool = True) -> Store:
         """Open (and with `create`, make) the store at `path`; `create` also means "to write":
         a store that cannot be written is then refused, else opened read-only."""
+        try:  # SQLite follows links itself: its folder and its four names are looked at first
+            ensure_store_folder(path, create=create)
+        except OSError as exc:
+            raise StoreError(_cannot_create(path, exc)) from None
         if not path.exists():
             if not create:
                 raise StoreError(
@@ -328,6 +349,7 @@ class Store:
         """Read-only and unchecked, for a quick look (is this plan finished?) that a full
         `open` follows where it matters; an sqlite3 error means "cannot tell". It sees every
         commit or fails: never a main file without its WAL."""
+        ensure_store_folder(path, create=False)
         _check_file(path)  # before a connection, which may leave a -wal beside a cut file
         return cls(path, _connect(path, readonly=True, whole=True), readonly=True)
 
@@ -337,8 +359,10 @@ class Store:
         a complete store or nothing, whatever moment a crash hits."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
         try:
-            path.parent.mkdir(mode=PRIVATE_DIR, parents=True, exist_ok=True)
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE))
+            for leftover in _made_beside(tmp):  # a killed orch's, of the same pid: ours to clear
+                if os.path.lexists(leftover):
+                    leftover.unlink()
+            os.close(open_fd(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, PRIVATE_FILE))
             # Closed as a Store: its count in _OPEN goes too (the inode becomes the store's).
             with closing(cls(tmp, _connect(tmp, readonly=False))) as made:
                 made._create_schema()
@@ -353,18 +377,9 @@ class Store:
         except SQLITE_ERRORS as exc:
             raise StoreError(fault_message(path, exc)) from None
         except OSError as exc:  # a read-only or private folder, say: --store goes elsewhere
-            named = exc.filename and exc.filename not in (str(path), str(tmp))
-            where = f" ({exc.filename})" if named else ""
-            raise StoreError(
-                f"cannot create the store {path}: {exc.strerror}{where}; "
-                "give a writable place with --store PATH (or ORCH_STORE)"
-            ) from None
+            raise StoreError(_cannot_create(path, exc, tmp)) from None
         finally:
-            for leftover in (
-                tmp,
-                tmp.with_name(tmp.name + "-wal"),
-                tmp.with_name(tmp.name + "-shm"),
-            ):
+            for leftover in _made_beside(tmp):
                 if os.path.lexists(leftover):  # not unlink(missing_ok): EROFS before ENOENT
                     leftover.unlink()
 
@@ -409,7 +424,7 @@ class Store:
                 )
             self._upgrade_schema()
         if create:  # the runs folder holds the logs: private like the store
-            runs_dir(self.path).mkdir(mode=PRIVATE_DIR, exist_ok=True)
+            ensure_private_dir(runs_dir(self.path))
 
     def close(self) -> None:
         try:

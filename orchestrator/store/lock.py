@@ -1,7 +1,8 @@
 """One live `orch run` per store, through an flock on `<store>.lock`.
 
 The kernel drops an flock when its holder dies, however it dies, so a lock left by a dead
-process is taken over with no manual step; the file's text only names the holder.
+process is taken over with no manual step; the file's text only names the holder. It is never
+opened through a link (core/safeopen.py): a run writes the holder's pid and argv into it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from pathlib import Path
 
 from orchestrator.core.errors import StoreError, StoreLocked
 from orchestrator.core.files import not_a_file
+from orchestrator.core.safeopen import open_fd, refuse_link
 
 
 class RunLock:
@@ -24,7 +26,9 @@ class RunLock:
         self._holder: dict[str, object] = {}
 
     def _refuse_odd(self) -> None:
-        """A FIFO in the lock's place would be waited on forever when opened to read."""
+        """A FIFO in the lock's place would be waited on forever when opened to read; a link
+        would take the holder's text elsewhere."""
+        refuse_link(self.path)
         if (what := not_a_file(self.path)) is not None:
             raise StoreError(f"the run lock {self.path} is {what}, not a file: remove it")
 
@@ -32,7 +36,7 @@ class RunLock:
         self._refuse_odd()
         try:
             self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # private: names the holder
+            fd = open_fd(self.path, os.O_RDWR | os.O_CREAT, 0o600)  # private: names the holder
         except OSError as exc:
             raise StoreError(f"cannot take the run lock {self.path}: {exc.strerror}") from None
         # `orch status` takes the lock for a moment to see whether a run is alive: retry
@@ -72,7 +76,7 @@ class RunLock:
         """True if no live process holds the lock (taken and released at once)."""
         self._refuse_odd()
         try:
-            fd = os.open(self.path, os.O_RDONLY)
+            fd = open_fd(self.path, os.O_RDONLY)
         except FileNotFoundError:
             return True
         try:

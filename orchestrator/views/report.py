@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.core.durations import format_duration
 from orchestrator.core.errors import UsageError
 from orchestrator.core.findings import Finding, summarize
+from orchestrator.core.safeopen import write_atomically
 from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
 from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
@@ -289,15 +290,17 @@ def write_report(
             sections += [
                 (b.task_id, s) for s in sections_of(b.kind, {f.key: f for f in b.findings})
             ]
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir.mkdir(parents=True, exist_ok=True)  # orch's own <store>.report: checked by the CLI
     files = []
+    # Each file is a new one renamed into place, never an existing one opened: a link planted
+    # at report.html is refused, not written through (core/safeopen.py).
     for fig in figures + [f for _, s in sections for f in s.figures]:
         files.append(out_dir / f"{fig.name}.png")
-        files[-1].write_bytes(fig.png)
+        write_atomically(files[-1], fig.png)
     page = out_dir / "report.html"
-    # utf-8 as the page's <meta charset> says, whatever the locale.
+    # utf-8 as the page's <meta charset> says, whatever the locale (write_atomically's text).
     replayed = None if run_id is None else runs[0]["id"]
-    page.write_text(_page(store, run, replayed, board, figures, sections), encoding="utf-8")
+    write_atomically(page, _page(store, run, replayed, board, figures, sections))
     return page, files
 
 
