@@ -106,6 +106,7 @@ from pydantic import (
 )
 
 from orchestrator import Context, Finding, Task, TaskError
+from orchestrator.core.safeopen import write_atomically
 from orchestrator.kinds.sections import Section
 
 SCHEMA = "orch.bench/v2"  # what bench.serve writes
@@ -1863,16 +1864,18 @@ class AnalyzeCompare(Task[CompareParams]):
             )
             for name, src in p.candidates.items()
         ]
-        report = (ctx.log_path.parent / f"{ctx.task_id}.md").resolve()
+        # absolute(), not resolve(): a link at the name is refused (write_atomically), not followed
+        report = (ctx.log_path.parent / f"{ctx.task_id}.md").absolute()
         text = render(ctx.task_id, base, verdicts, again)
         report.parent.mkdir(parents=True, exist_ok=True)
-        report.write_text(text)
+        write_atomically(report, text)
         ctx.log(text)  # `orch logs ID` shows the report too
         for v in verdicts:
             record(ctx, v)
         ctx.finding("report", str(report), note=f"{len(verdicts)} candidate(s)")
         inputs = report.with_suffix(".inputs.json")  # what `orch report` draws the curves from
-        inputs.write_text(
+        write_atomically(
+            inputs,
             json.dumps(
                 {
                     "baseline": _document(p.baseline),
@@ -1883,7 +1886,7 @@ class AnalyzeCompare(Task[CompareParams]):
                         else {}
                     ),
                 }
-            )
+            ),
         )
         ctx.finding("inputs", str(inputs), note="the compared results, for orch report")
 

@@ -99,6 +99,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Context, Duration, Finding, Task, TaskError
+from orchestrator.core.safeopen import write_atomically
 from orchestrator.kinds.sections import Section
 from probes import http
 from probes.nvml import NvmlUnavailable, snapshot
@@ -1435,9 +1436,9 @@ class BenchServe(Task[BenchParams]):
                 ctx.progress(_level_line(levels[-1]))
         result = self.result(ctx, target, levels)
         path = Path(p.output) if p.output else ctx.log_path.parent / f"{ctx.task_id}.json"
-        path = path.resolve()
+        path = path.absolute()  # a link at the name is refused (write_atomically), not followed
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1) + "\n")
+        write_atomically(path, json.dumps(result, indent=1) + "\n")
         # Each thrown-away window's reason in full here (and the result); the board counts them.
         ctx.log(
             "\n".join(

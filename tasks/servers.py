@@ -40,6 +40,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from orchestrator import Argv, Context, Duration, Task, TaskError
+from orchestrator.core.safeopen import ensure_private_dir, open_for_append
 from orchestrator.core.terminal import plural
 from orchestrator.core.umask import user_umask
 from orchestrator.proc.containment import Jail, jail
@@ -302,8 +303,9 @@ class _Group:
     ) -> dict[str, Any]:
         box = _jail(handle)
         scratch = _scratch(handle)
-        scratch.mkdir(mode=0o700, exist_ok=True)
-        with log.open("ab") as out:
+        # /tmp is everyone's: a folder of that name someone else made is refused, not used.
+        ensure_private_dir(scratch, tighten=False)
+        with open_for_append(log, binary=True) as out:
             try:
                 proc = subprocess.Popen(
                     box.wrap(argv),
