@@ -144,7 +144,8 @@ def _cleaned(exc: click.ClickException) -> click.ClickException:
     unexpected extra argument (...)` and the like quote what was typed, not always escaped."""
     from orchestrator.core.terminal import clean
 
-    exc.message = clean(exc.message)
+    # Final in click's stubs, yet only read when shown: rewriting it changes what is shown.
+    exc.message = clean(exc.message)  # type: ignore[misc]
     return exc
 
 
