@@ -92,13 +92,19 @@ def _vars_file_args(path: Path | None) -> tuple[str, ...]:
 
 class OrchGroup(click.Group):
     """Turns orch's own errors into one clear message and their exit code, for every caller
-    of `cli` (the console script, CliRunner, an embedding program): never a traceback."""
+    of `cli` (the console script, CliRunner, an embedding program): never a traceback. Every
+    error is shown through `clean` here, once: messages quote what came from outside (a
+    --var name, a path, a plan's text, a damaged store's), and click's own quote what was
+    typed."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         # Whether the command asked for --json: its errors are JSON on stdout then, too.
         options = args[: args.index("--")] if "--" in args else args
         ctx.meta["orch.json"] = "--json" in options
-        return super().parse_args(ctx, args)
+        try:
+            return super().parse_args(ctx, args)
+        except click.ClickException as exc:  # `orch --bogus`
+            raise _cleaned(exc) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -108,7 +114,7 @@ class OrchGroup(click.Group):
                 click.echo(json.dumps(exc.as_json(), indent=2))
                 ctx.exit(exc.exit_code)
             for issue in exc.issues:
-                click.echo(str(issue), err=True)
+                _say(str(issue), err=True)
             n = len(exc.issues)
             click.echo(
                 f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run", err=True
@@ -118,7 +124,7 @@ class OrchGroup(click.Group):
             if ctx.meta.get("orch.json"):
                 error = {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
                 click.echo(json.dumps(error, indent=2))
-            click.echo(f"orch: {exc}", err=True)
+            _say(f"orch: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:  # a full disk writing a log, say: the storage's fault, no bug
             from orchestrator.store.db import STORAGE_ERRNOS
@@ -127,8 +133,30 @@ class OrchGroup(click.Group):
                 raise
             from orchestrator.api import describe_os_error
 
-            click.echo(f"orch: {describe_os_error(exc)}", err=True)
+            _say(f"orch: {describe_os_error(exc)}", err=True)
             ctx.exit(EXIT_USAGE)
+        except click.ClickException as exc:  # a command's usage error (click shows it)
+            raise _cleaned(exc) from None
+
+
+def _cleaned(exc: click.ClickException) -> click.ClickException:
+    """Click's error with its message shown through `clean`: `No such command`, `Got
+    unexpected extra argument (...)` and the like quote what was typed, not always escaped."""
+    from orchestrator.core.terminal import clean
+
+    # Final in click's stubs, yet only read when shown: rewriting it changes what is shown.
+    exc.message = clean(exc.message)  # type: ignore[misc]
+    return exc
+
+
+def _say(text: str, err: bool = False, one_line: bool = False) -> None:
+    """Print a line for a person: through `clean`, so no text from outside (a path, a task's
+    id or output, a store's value) acts on the terminal or reads as another. Not for JSON
+    (its own escaping) nor for a board, whose colours are its own escapes (views clean each
+    value they draw). `one_line`: a row of a listing, which no value may break in two."""
+    from orchestrator.core.terminal import clean
+
+    click.echo(clean(text, multiline=not one_line), err=err)
 
 
 @click.group(
@@ -280,7 +308,7 @@ def approve(
     if as_json:
         click.echo(json.dumps({**done, "next": f"orch run {plan_file}"}))
         return
-    click.echo(
+    _say(
         f"{task_id} approved by {done['by']} (plan {done['plan_hash']}, findings "
         f"{done['findings_hash']}): `orch run {plan_file}` goes on from there"
     )
@@ -327,7 +355,7 @@ def _snapshot(runbook: Runbook, summary: RunSummary) -> Snapshot:
 
 
 def _warn(text: str) -> None:
-    click.echo(f"orch: {text}", err=True)
+    _say(f"orch: {text}", err=True)
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -407,7 +435,7 @@ def _watch(runbook: Runbook, as_json: bool, todowrite: bool) -> None:
     try:
         while not runbook.store_path.exists():  # started before the run made the store
             if shown is None:
-                click.echo(f"waiting for a run to create {runbook.store_path} ...", err=True)
+                _say(f"waiting for a run to create {runbook.store_path} ...", err=True)
                 shown = ""
             time.sleep(0.5)
         while True:
@@ -465,7 +493,7 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
         from orchestrator.core.terminal import plural
 
         guards = f" (+ {len(plan.guards)} on_failure/finally)" if plan.guards else ""
-        click.echo(
+        _say(
             f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')}{guards} "
             f"({', '.join(kinds)})"
         )
@@ -502,15 +530,14 @@ def plan_cmd(
         doc = {"plan": runbook.load().name, "store": str(runbook.store_path), "steps": steps}
         click.echo(json.dumps(doc, indent=2))
         return
-    from orchestrator.core.terminal import clean  # reasons quote findings and what a check saw
-
+    # Reasons quote findings and what a check saw: _say escapes them.
     id_w = max(len(s["id"]) for s in steps)
     for s in steps:
         added = f"(added by {s['origin']}) " if s["origin"] != "plan" else ""
         line = f"  {s['action']:<8} {s['id']:<{id_w}}  {added}{s['reason']}"
-        click.echo(clean(line, multiline=False))
+        _say(line, one_line=True)
         for change in s["changed"]:
-            click.echo(clean(f"  {'':<8} {'':<{id_w}}    changed: {change}", multiline=False))
+            _say(f"  {'':<8} {'':<{id_w}}    changed: {change}", one_line=True)
 
 
 # --- logs / history --------------------------------------------------------------------------
@@ -525,7 +552,10 @@ def plan_cmd(
 @click.option("--follow", "-f", is_flag=True, help="Keep printing while the task runs.")
 @click.option("--path", "path_only", is_flag=True, help="Print the log file's path only.")
 @click.option(
-    "--raw", is_flag=True, help="The log's bytes as written (control characters not escaped)."
+    "--raw",
+    is_flag=True,
+    help="The log's bytes as written (control and format characters not escaped); with "
+    "--path, the path exactly.",
 )
 def logs(
     words: tuple[str, ...],
@@ -571,16 +601,19 @@ def logs(
             else (Path(row["log_path"]) if row["log_path"] else None)
         )
         if log is None or not log.exists():
-            click.echo(
+            _say(
                 f"no output recorded for {task_id}" + (f" in run {run_id}" if run_id else ""),
                 err=True,
             )
             sys.exit(1)
-        if path_only:
-            click.echo(str(log))
+        if path_only:  # escaped like any text shown; --raw for a program that opens it
+            if raw:
+                click.echo(str(log))
+            else:
+                _say(str(log))
             return
-        # A process's control characters shown escaped, on a terminal and in a pipe (a pipe
-        # often ends on one, through `less -R` or a paste); --raw for the bytes.
+        # A process's control and format characters shown escaped, on a terminal and in a
+        # pipe (a pipe often ends on one, through `less -R` or a paste); --raw for the bytes.
         import codecs
 
         text = codecs.getincrementaldecoder("utf-8")("replace")  # a character cut by a read
@@ -663,7 +696,6 @@ def history(
       orch history plans/demo.yaml --task checksum
     """
     plan_file = plan_file or plan_opt
-    from orchestrator.core.terminal import clean
     from orchestrator.views.board import iso
 
     path = _store_path(store_opt, plan_file)
@@ -677,11 +709,11 @@ def history(
                 r["at"] = iso(r["at"])
             if as_json:
                 click.echo(json.dumps({"transitions": rows}, indent=2))
-            for r in [] if as_json else rows:
-                click.echo(
+            for r in [] if as_json else rows:  # a store's text, whatever wrote it
+                _say(
                     f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
-                    f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} "
-                    f"{clean(r['reason'] or '', multiline=False)}"
+                    f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} {r['reason'] or ''}",
+                    one_line=True,
                 )
             return
         runs: list[dict[str, Any]] = [dict(r) for r in store.runs(limit)]
@@ -693,9 +725,10 @@ def history(
         click.echo(json.dumps({"runs": runs}, indent=2))
         return
     for r in runs:
-        click.echo(
+        _say(
             f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
-            f"pid {r['pid']}@{r['host']}  {r['argv']}"
+            f"pid {r['pid']}@{r['host']}  {r['argv']}",
+            one_line=True,
         )
 
 
@@ -736,7 +769,7 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     runbook = Runbook(plan_file, store_opt)
     path = runbook.store_path
     if not path.exists() and not path.is_symlink():  # a fresh clone: already a fresh start
-        click.echo(f"no store at {path} yet: nothing to reset")
+        _say(f"no store at {path} yet: nothing to reset")
         return
     ask = (lambda q: _confirm(q, "--yes", "to reset without asking")) if not yes else None
     _forgotten(runbook, runbook.reset(ask) if ask else runbook.reset())
@@ -746,14 +779,16 @@ def _forgotten(runbook: Runbook, done: list[str]) -> None:
     from orchestrator.core.terminal import plural
 
     where = runbook.store_path
-    click.echo(f"{plural(len(done), 'task')} forgotten in {where}: {', '.join(done) or '-'}")
+    _say(f"{plural(len(done), 'task')} forgotten in {where}: {', '.join(done) or '-'}")
 
 
 def _confirm(question: str, flag: str, what: str) -> bool:
     """Ask `question [y/N]`. A question that cannot be asked (stdin at its end: </dev/null, a
     script) is a usage error that names `flag`; Ctrl-C at the prompt stays an interrupt."""
+    from orchestrator.core.terminal import clean  # the question names a path
+
     while True:
-        click.echo(f"{question} [y/N]: ", nl=False)
+        click.echo(clean(f"{question} [y/N]: "), nl=False)
         line = _answer_line()
         if line is None:
             click.echo(err=False)  # end the prompt's line
@@ -859,7 +894,7 @@ def report(
     else:
         from orchestrator.core.terminal import plural
 
-        click.echo(f"{page} ({plural(len(figures), 'figure')} beside it)")
+        _say(f"{page} ({plural(len(figures), 'figure')} beside it)")
 
 
 # --- todo / events / mcp --------------------------------------------------------------------
@@ -935,7 +970,7 @@ def todo_add(
         if "kind" in definition  # --kind sets it; --yaml may
         else "a todo: set its status with `orch todo set`"
     )
-    click.echo(f"added {task_id} ({what})")
+    _say(f"added {task_id} ({what})")
 
 
 @todo.command("set")
@@ -953,7 +988,7 @@ def todo_set(
     from orchestrator.run.todos import status_of
 
     Runbook(plan_file, store_opt).set_todo(task_id, status_of(status_word), note, "person")
-    click.echo(f"{task_id}: {status_word}")
+    _say(f"{task_id}: {status_word}")
 
 
 @todo.command("rm")
@@ -965,7 +1000,7 @@ def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
     from orchestrator.api import Runbook
 
     Runbook(plan_file, store_opt).remove_task(task_id, "person")
-    click.echo(f"removed {task_id}")
+    _say(f"removed {task_id}")
 
 
 @todo.command("note")
@@ -1000,7 +1035,7 @@ def todo_note(
         except ValueError as exc:
             raise UsageError(f"--finding: {exc}") from None
     Runbook(plan_file, store_opt).record(task_id, "person", text, key, value, unit)
-    click.echo(f"noted on {task_id}")
+    _say(f"noted on {task_id}")
 
 
 @cli.command()
@@ -1023,14 +1058,16 @@ def events(
       orch events plans/demo.yaml -n 20
       orch events plans/demo.yaml --json -n 3
     """
-    from orchestrator.core.terminal import clean
     from orchestrator.views.events import follow as feed
     from orchestrator.views.events import format_event
 
     path = _store_path(store_opt, plan_file)
     try:
         for e in feed(path, lines, follow):
-            click.echo(json.dumps(e) if as_json else clean(format_event(e), multiline=False))
+            if as_json:
+                click.echo(json.dumps(e))
+            else:
+                _say(format_event(e), one_line=True)
     except KeyboardInterrupt:
         return
 
@@ -1157,13 +1194,13 @@ def fleet_run(
     options = RollOptions(
         inventory, serial, canary, limit, unreachable, approve, new_roll, install=install
     )
-    say = (lambda text: click.echo(text, err=True)) if as_json else click.echo
+    say = functools.partial(_say, err=as_json)  # hosts' names and answers: shown cleaned
     roller = Roller(plan_file, var_args, options, say)
     summary = roller.run()
     if as_json:
         click.echo(json.dumps({**_fleet_doc(plan_file), "exit_code": summary.exit_code}, indent=2))
     else:
-        click.echo(summary.message)
+        _say(summary.message)
     sys.exit(summary.exit_code)
 
 
@@ -1184,7 +1221,7 @@ def fleet_approve(plan_file: Path, note: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"roll": roll.id, "approved_by": roll.approved_by, "note": note}))
     else:
-        click.echo(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
+        _say(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
 
 
 @fleet.command("status")

@@ -33,6 +33,7 @@ from orchestrator.api import Runbook
 from orchestrator.core.errors import OrchError, PlanError, did_you_mean
 from orchestrator.core.findings import FindingValue
 from orchestrator.core.status import Status
+from orchestrator.core.terminal import clean
 from orchestrator.plan.model import load_plan
 from orchestrator.proc.procfs import tail
 
@@ -104,7 +105,7 @@ def build(runbook: Runbook) -> MCPServer[Any]:
         try:  # over before the first run meets them
             runbook.ensure_board()
         except OrchError as exc:  # a damaged store, say: every tool will say so too
-            print(f"orch mcp: {exc}", file=sys.stderr)
+            print(clean(f"orch mcp: {exc}"), file=sys.stderr)  # the host's log: a person's
 
     @app.tool()
     def board() -> dict[str, Any]:
@@ -308,13 +309,16 @@ def build(runbook: Runbook) -> MCPServer[Any]:
 
 
 def guarded(call: Callable[[], R]) -> R:
-    """orch's own errors as tool errors: the reason, for the agent to act on."""
+    """orch's own errors as tool errors: the reason, for the agent to act on. Through `clean`,
+    as on orch's terminal: a host shows tool errors to its person, and what they quote (a
+    path, a store's text) may hold characters that act or read as others. Results stay
+    exact: they are data."""
     try:
         return call()
     except PlanError as exc:
-        raise ToolError("\n".join(str(i) for i in exc.issues)) from None
+        raise ToolError(clean("\n".join(str(i) for i in exc.issues))) from None
     except OrchError as exc:
-        raise ToolError(str(exc)) from None
+        raise ToolError(clean(str(exc))) from None
 
 
 async def _run_with_progress(argv: list[str], before: dict[str, Any], ctx: Any) -> dict[str, Any]:
@@ -367,9 +371,9 @@ async def _run_with_progress(argv: list[str], before: dict[str, Any], ctx: Any) 
     last: dict[str, Any] = outputs.get("last") or {}
     stderr = outputs.get("stderr", b"").decode("utf-8", "replace").strip()
     if "error" in last:  # a bad plan or selection, the store in use: nothing ran
-        raise ToolError(last["error"])
+        raise ToolError(clean(last["error"]))  # as guarded's
     if "result" not in last:
-        raise ToolError(stderr or f"the run's process exited {code} without a result")
+        raise ToolError(clean(stderr) or f"the run's process exited {code} without a result")
     messages = [*outputs.get("messages", []), *stderr.splitlines()][-20:]
     return {**last["result"], "messages": messages, "board": last.get("board")}
 

@@ -46,6 +46,7 @@ from orchestrator.core.guards import undone_by
 from orchestrator.core.redact import mask, mask_value
 from orchestrator.core.safeopen import ensure_private_dir, ensure_store_folder, open_fd
 from orchestrator.core.status import ALLOWED, MANUAL, RunOutcome, Status
+from orchestrator.core.terminal import clean
 from orchestrator.store.records import (  # the records of its API, imported from here too
     PLAN_ORIGIN as PLAN_ORIGIN,
 )
@@ -88,6 +89,15 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 # sqlite3 decodes its error messages as UTF-8: a damaged schema's bytes in one raise this.
 SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 _RESTORE = "move it aside to start over (every task runs again), or restore a backup"
+DAMAGE_SHOWN = 120  # characters of a damaged value quoted in a message
+
+
+def _damage(text: str) -> str:
+    """What a damaged store holds, or sqlite3 says of it, as a message quotes it: anyone may
+    have written it (escaped through `clean`, on one line) and it may be long (cut)."""
+    cut = text[:DAMAGE_SHOWN]
+    return clean(cut, multiline=False) + ("…" if len(text) > DAMAGE_SHOWN else "")
+
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -111,7 +121,7 @@ def runs_dir(store_path: Path) -> Path:
 def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
     """What an sqlite3 error on the store at `path` means to the user, and what to do."""
     if isinstance(exc, UnicodeDecodeError):
-        return f"{path} is damaged ({exc.object.decode('utf-8', 'replace')}): {_RESTORE}"
+        return f"{path} is damaged ({_damage(exc.object.decode('utf-8', 'replace'))}): {_RESTORE}"
     name = getattr(exc, "sqlite_errorname", "")
     if name.startswith("SQLITE_FULL"):
         return (
@@ -124,7 +134,8 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
         return f"{path} stayed locked by another process for {BUSY_TIMEOUT_MS // 1000} s: {exc}"
     if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
         return f"{path} cannot be read or written ({exc}): check the disk and its permissions"
-    return f"{path} is damaged ({exc}): {_RESTORE}"
+    # sqlite3 quotes the damaged text: "Could not decode to UTF-8 column 'x' with text '...'".
+    return f"{path} is damaged ({_damage(str(exc))}): {_RESTORE}"
 
 
 def _cannot_create(path: Path, exc: OSError, tmp: Path | None = None) -> str:
@@ -390,7 +401,9 @@ class Store:
         # gone), for ~0.9 ms more at each open of a 1000-task store (bench/bench_integrity.py).
         problem = self.conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
         if problem != "ok":
-            raise StoreError(f"{self.path} is damaged (integrity_check: {problem}): {_RESTORE}")
+            raise StoreError(
+                f"{self.path} is damaged (integrity_check: {_damage(problem)}): {_RESTORE}"
+            )
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(
@@ -413,8 +426,9 @@ class Store:
                 )
         for table, query in invariant_queries(version):
             if (bad := self.conn.execute(query).fetchone()) is not None:
+                row, problem = _damage(repr(bad[0])), _damage(bad[1])
                 raise StoreError(
-                    f"{self.path} is damaged ({table} row {bad[0]!r}: {bad[1]}): {_RESTORE}"
+                    f"{self.path} is damaged ({table} row {row}: {problem}): {_RESTORE}"
                 )
         if version < SCHEMA_VERSION:
             if self.readonly:

@@ -107,7 +107,9 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
     findings, run, stale = snap.findings, snap.run, snap.stale or {}
     paint = Painter(color)
     width = width or terminal_width()
-    lines = [paint(_headline(plan_name, store_path, run, rows), "1")]
+    # Each value drawn goes through `clean` before it is painted (cells through _fit): a
+    # store's text is anyone's, and the paint's own escapes must stay escapes.
+    lines = [paint(clean(_headline(plan_name, store_path, run, rows), multiline=False), "1")]
     id_w = min(max((len(r["id"]) for r in rows), default=4), 24)
     # Each row's title as drawn: `+` marks a task added at run time, `↺` a guard (a
     # compensation or a `finally` task: not part of the plan's flow).
@@ -145,24 +147,24 @@ def render_board(snap: Snapshot, color: bool = False, width: int | None = None) 
     parts = [f"{n} {s.replace('_', ' ')}" for s, n in total.items() if n]
     lines.append(f"{plural(len(rows), 'task')}: " + " · ".join(parts) if rows else "no tasks")
     if by := sorted({r["origin"] for r in rows if added(r)}):
-        lines.append(f"+ added by {' or '.join(by)}, not in the plan file (orch todo)")
+        lines.append(clean(f"+ added by {' or '.join(by)}, not in the plan file (orch todo)"))
     for r in rows:
         if r["status"] in (Status.FAILED, Status.INTERRUPTED, Status.BLOCKED) and r["last_error"]:
-            error = clean(r["last_error"], multiline=False)
-            lines.append(paint(f"{r['id']} {r['status']}: {error}", "31"))
+            error = clean(f"{r['id']} {r['status']}: {r['last_error']}", multiline=False)
+            lines.append(paint(error, "31"))
             lines += [
                 f"    | {ln}"[:width] for ln in clean(r["output_tail"] or "").splitlines()[-8:]
             ]
-            if r["log_path"]:
-                lines.append(f"    full log: {r['log_path']}")  # a path: right from any folder
+            if r["log_path"]:  # a path: right from any folder
+                lines.append(clean(f"    full log: {r['log_path']}", multiline=False))
     ran = (run["plan_file"], run["argv"]) if run is not None else (None, None)
     for r in rows:  # what to type, whole: the gate's reason above is cut to the width
         if r["status"] == Status.WAITING:
             from orchestrator.run.approvals import approve_command  # a waiting gate only
 
-            lines.append(
-                paint(f"{r['id']} waits for approval: {approve_command(r['id'], *ran)}", "33")
-            )
+            command = approve_command(r["id"], *ran)
+            waits = clean(f"{r['id']} waits for approval: {command}", multiline=False)
+            lines.append(paint(waits, "33"))
     return "\n".join(lines)
 
 
