@@ -215,7 +215,7 @@ def test_a_secret_is_never_shown_by_the_messages_that_refuse_or_fail_it(pdir: Pl
     assert not any("Traceback" in log.read_text() for log in pdir.root.rglob("a.log"))
 
 
-PRINTER = '''\
+PRINTER = """\
 import sys
 import threading
 
@@ -240,7 +240,7 @@ def chatter(name: str) -> None:
         both.wait()  # in step: each line is printed while the other task runs too
         print(f"{name} line {i}")
         sys.stderr.write(f"{name} err {i}\\n")
-'''
+"""
 
 
 def test_what_a_python_task_prints_is_masked_into_its_log_never_on_orchs_streams(
