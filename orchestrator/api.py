@@ -105,6 +105,20 @@ class Runbook:
             self._plan = _load(self.plan_file, self.var_args)
         return self._plan
 
+    def mask_secrets(self) -> None:
+        """Mask the plan's secret values in what this process writes from now on, as a run
+        does: for a reader that runs a plugin's code (`orch report`: a kind's error may quote
+        a token it read). With no plan, or one that does not load, nothing more is masked:
+        the store's own text was masked as it was written."""
+        from orchestrator.core import redact
+
+        if self.plan_file is None:
+            return
+        try:
+            redact.register(self.load().secret_values)
+        except OrchError:
+            return
+
     @property
     def store_path(self) -> Path:
         """--store / ORCH_STORE, else .orch/<plan name>.db beside the plan, else the single

@@ -869,8 +869,10 @@ def report(
       orch report plans/demo.yaml -o demo-report --json
     """
     from orchestrator.views.report import kind_sections, write_report
+    from orchestrator.views.sectionfaults import SectionFailure
 
     path = _store_path(store_opt, plan_file)
+    failed: list[SectionFailure] = []
     if fleet_view:
         if plan_file is None:
             raise UsageError("--fleet needs the PLAN whose roll to show")
@@ -881,20 +883,36 @@ def report(
         doc = _fleet_doc(plan_file, run_id)
         page, figures = _writing(folder, lambda: write_fleet_report(doc, folder), out_dir is None)
     else:
+        from orchestrator.api import Runbook
+
+        # A kind's report runs the plugin's code: an error it raises may quote a secret.
+        Runbook(plan_file, store_opt).mask_secrets()
         store = _open_store(path)
         folder = out_dir or path.with_suffix(".report")
         try:
             page, figures = _writing(
-                folder, lambda: write_report(store, folder, kind_sections, run_id), out_dir is None
+                folder,
+                lambda: write_report(store, folder, kind_sections, run_id, failed.append),
+                out_dir is None,
             )
         finally:
             store.close()
     if as_json:
-        click.echo(json.dumps({"report": str(page), "figures": [str(f) for f in figures]}))
+        doc = {"report": str(page), "figures": [str(f) for f in figures]}
+        if failed:
+            doc["failed"] = [{"task": f.task_id, "kind": f.kind, "error": f.error} for f in failed]
+        click.echo(json.dumps(doc))
     else:
         from orchestrator.core.terminal import plural
 
         _say(f"{page} ({plural(len(figures), 'figure')} beside it)")
+    if failed:  # the page is written; its failed sections say why, as stderr does
+        from orchestrator.core.errors import EXIT_FAILED
+        from orchestrator.core.terminal import clean
+
+        for failure in failed:
+            click.echo(f"orch: {clean(str(failure), multiline=False)}", err=True)
+        sys.exit(EXIT_FAILED)
 
 
 # --- todo / events / mcp --------------------------------------------------------------------

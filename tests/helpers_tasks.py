@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel
 
-from orchestrator import CheckResult, Context, Precondition, Task
+from orchestrator import CheckResult, Context, Precondition, Section, Task
 from orchestrator.core.findings import Finding
 
 
@@ -66,3 +68,30 @@ class FindingsSink:
 
     def release(self, name: str) -> None: ...
     def stalled(self, report: object) -> None: ...
+
+
+class Reported(Task):  # type: ignore[type-arg]
+    """Records a finding; its report section says so (`orch report`'s failures tests)."""
+
+    def run(self, ctx: Context) -> None:
+        ctx.finding("reported", 1)
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        return [Section("Reported fine", notes=("the healthy section",))]
+
+
+class BrokenReport(Reported):
+    """Its report raises, quoting a secret it read and some markup."""
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        raise RuntimeError(f"<b>no</b> access with {os.environ['ORCH_TEST_TOKEN']}")
+
+
+class GarbageReport(Reported):
+    """Its report returns something that is not Sections."""
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        return "not sections"  # type: ignore[return-value]

@@ -144,3 +144,43 @@ def test_the_report_renders_in_a_real_browser(compared: Path, tmp_path: Path) ->
     view = check_page(Path(json.loads(r.stdout)["report"]), tmp_path)
     assert view.title == "orch report: t"
     assert len(view.images) == 5
+
+
+def test_a_kind_whose_report_fails_gets_its_section_said_failed_not_the_page(
+    pdir: PlanDir,
+) -> None:
+    """One kind's report raises (quoting a secret and markup), another's returns a string:
+    the page is written all the same, with the board and the healthy kind's section; each
+    failed section names its kind and the error, masked and escaped; stderr names them; exit 1.
+    """
+    tests = str(Path(__file__).parent)
+    plan = pdir.write("""
+        name: t
+        vars:
+          token: {env: ORCH_TEST_TOKEN}
+        tasks:
+          - {id: fine, kind: "helpers_tasks:Reported"}
+          - {id: broken, kind: "helpers_tasks:BrokenReport"}
+          - {id: garbage, kind: "helpers_tasks:GarbageReport"}
+    """)
+    token = "sk-rep0rt-T0KEN-42"
+    env = {"ORCH_TEST_TOKEN": token, "PYTHONPATH": tests}
+    assert run_orch("run", plan, env=env).returncode == 0
+    r = run_orch("report", plan, "--json", env=env)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    page = Path(json.loads(r.stdout)["report"])
+    html = page.read_text()
+    assert "Reported fine" in html and "the healthy section" in html  # the rest as usual
+    assert all(f"<td>{task}</td>" in html for task in ("fine", "broken", "garbage"))  # board
+    assert token not in html + r.stdout + r.stderr
+    assert (
+        "helpers_tasks:BrokenReport.report() failed: RuntimeError: &lt;b&gt;no&lt;/b&gt; "
+        "access with ***" in html
+    )
+    assert "helpers_tasks:GarbageReport.report() failed: TypeError: report() returned str" in html
+    for task, kind in (("broken", "BrokenReport"), ("garbage", "GarbageReport")):
+        assert f"the report section of {task} (kind helpers_tasks:{kind}) failed" in r.stderr
+    assert "access with ***" in r.stderr
+    failed = json.loads(r.stdout)["failed"]
+    assert [f["task"] for f in failed] == ["broken", "garbage"]

@@ -216,3 +216,85 @@ def test_a_secret_is_never_shown_by_the_messages_that_refuse_or_fail_it(pdir: Pl
     assert pdir.todo("a")["last_error"] == "cwd '***' does not exist"
     assert TOKEN not in everything_orch_wrote(pdir) + r.stdout + r.stderr
     assert not any("Traceback" in log.read_text() for log in pdir.root.rglob("a.log"))
+
+
+PRINTER = """\
+import sys
+import threading
+
+both = threading.Barrier(2, timeout=20)
+
+
+def leak(token: str) -> dict[str, str]:
+    print("print", token)
+    sys.stderr.write(f"stderr {token}\\n")
+    print(token[:3], end="")
+    sys.stdout.flush()
+    print(token[3:], "was split")
+    helper = threading.Thread(target=lambda: print("thread", token))
+    helper.start()
+    helper.join()
+    print("::finding seen=yes")
+    return {"returned": "ok"}
+
+
+def chatter(name: str) -> None:
+    for i in range(20):
+        both.wait()  # in step: each line is printed while the other task runs too
+        print(f"{name} line {i}")
+        sys.stderr.write(f"{name} err {i}\\n")
+"""
+
+
+def test_what_a_python_task_prints_is_masked_into_its_log_never_on_orchs_streams(
+    pdir: PlanDir,
+) -> None:
+    """print, sys.stderr.write, a secret split across two prints, a thread the function
+    starts: in the task's log masked, `::finding` read; orch's own stdout and stderr hold no
+    secret and still carry the board and the run's log lines."""
+    (pdir.root / "printer.py").write_text(PRINTER)
+    plan = pdir.write("""
+        name: t
+        vars:
+          token: {env: ORCH_TEST_TOKEN}
+        tasks:
+          - id: leak
+            kind: python
+            params: {function: "printer:leak", args: {token: "${vars.token}"}}
+    """)
+    r = run_orch("run", plan, cwd=pdir.root, env={"ORCH_TEST_TOKEN": TOKEN})
+    assert r.returncode == 0, r.stderr
+    for stream in (r.stdout, r.stderr):
+        assert TOKEN not in stream and TOKEN[3:] not in stream, stream
+    assert "leak" in r.stdout and "completed" in r.stdout  # the board, as usual
+    assert "task.completed" in r.stderr  # the run's log lines, as usual
+    log = next(pdir.root.rglob("leak.log")).read_text()
+    assert TOKEN not in log
+    for line in ("print ***", "stderr ***", "*** was split", "thread ***"):
+        assert line in log, log
+    assert "task.completed" not in log  # orch's own lines stay orch's
+    with sqlite3.connect(pdir.store_path()) as conn:
+        found = dict(conn.execute("SELECT key, value FROM findings").fetchall())
+    assert found == {"seen": "yes", "returned": "ok"}
+    assert TOKEN not in everything_orch_wrote(pdir)
+
+
+def test_python_tasks_side_by_side_print_into_their_own_logs(pdir: PlanDir) -> None:
+    """--jobs 2: two python tasks print at once, each in its thread; each log holds its own
+    lines, all of them, and nothing of the other's; orch's streams hold neither."""
+    (pdir.root / "printer.py").write_text(PRINTER)
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: a, kind: python, params: {function: "printer:chatter", args: {name: alpha}}}
+          - {id: b, kind: python, params: {function: "printer:chatter", args: {name: bravo}}}
+    """)
+    r = run_orch("run", plan, "--jobs", "2", cwd=pdir.root)
+    assert r.returncode == 0, r.stderr
+    for task, mine, other in (("a", "alpha", "bravo"), ("b", "bravo", "alpha")):
+        log = next(pdir.root.rglob(f"{task}.log")).read_text().splitlines()
+        assert sorted(log) == sorted(
+            [f"{mine} line {i}" for i in range(20)] + [f"{mine} err {i}" for i in range(20)]
+        ), (task, log)
+        assert other not in "\n".join(log)
+    assert "alpha" not in r.stdout + r.stderr and "bravo" not in r.stdout + r.stderr

@@ -7,7 +7,7 @@ from collections.abc import Iterable
 from typing import Any, NamedTuple
 
 EXIT_OK = 0
-EXIT_FAILED = 1  # a task failed or is blocked
+EXIT_FAILED = 1  # a task failed or is blocked; `orch report`: a kind's section failed
 EXIT_USAGE = 2  # bad plan or bad usage
 EXIT_LOCKED = 3  # another live `orch run` holds the store
 EXIT_WAITING = 4  # stopped at an approval gate: `orch approve PLAN ID`, then run again

@@ -120,7 +120,8 @@ class PythonTask(Task[PythonParams]):
     """Call a Python function in-process.
 
     It may accept a `ctx` keyword to record findings. What it returns is recorded too: a dict
-    as one finding per key, a number or a string as the finding `result`. The timeout
+    as one finding per key, a number or a string as the finding `result`; what it prints goes
+    to the task's log, masked, its `::finding` lines recorded as a shell task's. The timeout
     interrupts Python code, not a blocking C call (see _alarm).
     """
 
@@ -132,7 +133,7 @@ class PythonTask(Task[PythonParams]):
         kwargs = dict(self.params.args)
         if _accepts_ctx(func):
             kwargs["ctx"] = ctx
-        with _alarm(ctx.remaining(), ctx.timeout):
+        with ctx.printing(), _alarm(ctx.remaining(), ctx.timeout):
             result = func(**kwargs)
         for finding in _findings_from(result):
             ctx.finding(finding.key, finding.value, finding.unit, finding.note)

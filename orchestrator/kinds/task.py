@@ -8,8 +8,10 @@ Context: findings, the processes it starts, progress.
 from __future__ import annotations
 
 import shlex
+import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, TypeVar
@@ -20,7 +22,9 @@ from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import TaskError
 from orchestrator.core.findings import Finding, FindingValue, parse_finding_line
 from orchestrator.core.safeopen import open_for_append
+from orchestrator.proc.printed import printed_into
 from orchestrator.proc.spawn import LOG_LIMIT, ProcessResult, run_process
+from orchestrator.proc.tasklog import log_lines
 
 if TYPE_CHECKING:
     from orchestrator.kinds.sections import Section
@@ -166,12 +170,7 @@ class Context:
             stall=self.stall,
             on_stall=self.stalled,
         )
-        last_words = ""  # one pass: a server's log can be large
-        for line in result.lines():
-            if (found := parse_finding_line(line)) is not None:
-                self.sink.finding(found)
-            elif line.strip() and not line.startswith("::"):
-                last_words = line
+        last_words = self._output(result.lines())
         if result.returncode not in success_codes:
             # The process's own last words say most at 2 a.m.; the command line is in the log.
             raise TaskError(
@@ -180,6 +179,32 @@ class Context:
                 else f"{result.describe()} from {shlex.join(argv)[:200]}"
             )
         return result
+
+    @contextmanager
+    def printing(self) -> Iterator[None]:
+        """What Python code run in this thread prints while the block runs (print, sys.stdout
+        and sys.stderr, from threads it starts too) is this task's output, as a process's is:
+        appended to its log masked, its `::finding` lines recorded (proc/printed.py)."""
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log_path.stat().st_size if self.log_path.exists() else 0
+        try:
+            with printed_into(self.log_path):
+                yield
+        finally:
+            # After a failure too, as a failed process's findings are; not after Ctrl-C.
+            if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
+                self._output(log_lines(self.log_path, offset))
+
+    def _output(self, lines: Iterable[str]) -> str:
+        """Record the findings among a task's output lines; returns the last other line that
+        says something (a failure's last words)."""
+        last_words = ""  # one pass: a server's log can be large
+        for line in lines:
+            if (found := parse_finding_line(line)) is not None:
+                self.sink.finding(found)
+            elif line.strip() and not line.startswith("::"):
+                last_words = line
+        return last_words
 
 
 class Task(Generic[P]):

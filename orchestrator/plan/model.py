@@ -234,6 +234,11 @@ class Plan:
     by_id: dict[str, PlannedTask] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
 
+    @property
+    def secret_values(self) -> list[Any]:
+        """The values to mask as *** wherever orch writes (redact.register)."""
+        return [self.vars[name] for name in self.secrets]
+
     def __post_init__(self) -> None:
         self.by_id = {t.id: t for t in [*self.tasks, *self.guards]}
         # task id -> its compensations; None -> the `finally` tasks

@@ -25,7 +25,7 @@ from typing import IO
 
 from orchestrator.core.durations import format_seconds
 from orchestrator.core.errors import TaskError, TaskTimeout
-from orchestrator.core.redact import Masker, active, mask
+from orchestrator.core.redact import active, mask
 from orchestrator.core.safeopen import open_for_append, open_for_update
 from orchestrator.core.umask import user_umask
 from orchestrator.proc.containment import jail
@@ -37,6 +37,7 @@ from orchestrator.proc.procfs import (
     terminate_group,
 )
 from orchestrator.proc.stalls import StallPolicy, StallReport, StallWatcher, act, evidence_path
+from orchestrator.proc.tasklog import MaskedLog, log_lines
 
 PROGRESS_EVERY = 10.0  # seconds between "still running" notes for long processes
 LOG_LIMIT = 64 * 1024 * 1024  # default cap on one process's output in its task log
@@ -50,10 +51,7 @@ class ProcessResult:
     log_offset: int  # where this process's output starts in the log
 
     def lines(self) -> Iterator[str]:
-        with self.log_path.open("rb") as f:
-            f.seek(self.log_offset)
-            for raw in f:
-                yield raw.decode("utf-8", "replace").rstrip("\r\n")
+        return log_lines(self.log_path, self.log_offset)
 
     def describe(self) -> str:
         if self.returncode < 0:
@@ -177,12 +175,10 @@ def run_process(
 
 
 class _Pump:
-    """A child's output read by a thread and appended to its log with every secret masked,
-    however the reads cut it (redact.Masker)."""
+    """A child's output read by a thread and appended to its log masked (tasklog.MaskedLog)."""
 
     def __init__(self, source: IO[bytes], log_path: Path) -> None:
-        self.source, self.masker = source, Masker()
-        self.log = open_for_append(log_path, binary=True, buffering=0)
+        self.source, self.log = source, MaskedLog(log_path)
         self.ended = threading.Event()
         self.thread = threading.Thread(target=self.pump, name="orch-output", daemon=True)
         self.thread.start()
@@ -200,15 +196,14 @@ class _Pump:
                     continue
                 if not (data := os.read(fd, 65536)):
                     break
-                self.log.write(self.masker.feed(data))
+                self.log.write(data)
         finally:
-            self.log.write(self.masker.close())
+            self.log.close()
 
     def close(self) -> None:
         """After the processes ended: what is left in the pipe is written, then it is closed."""
         self.ended.set()
         self.thread.join()
-        self.log.close()
         self.source.close()
 
 

@@ -89,7 +89,7 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
     events = None
     try:
         who = current_identity()
-        redact.register(plan.vars[name] for name in plan.secrets)  # before anything is written
+        redact.register(plan.secret_values)  # before anything is written
         lock.acquire(
             {"pid": who.pid, "host": who.host, "argv": redact.mask(shlex.join(options.argv))}
         )

@@ -30,6 +30,7 @@ from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
 from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
 from orchestrator.store.db import Store, decode, runs_dir
+from orchestrator.views.sectionfaults import SectionFailure, SectionsOf, sections_or_failure
 
 if TYPE_CHECKING:
     from orchestrator.store.rows import FindingRow, RunRow, TodoRow, TransitionRow
@@ -257,17 +258,19 @@ def board_after(store: Store, run: RunRow) -> list[BoardRow]:
     ]
 
 
-SectionsOf = Callable[[str, Mapping[str, Finding]], Sequence[Section]]
-
-
 def write_report(
-    store: Store, out_dir: Path, sections_of: SectionsOf, run_id: int | None = None
+    store: Store,
+    out_dir: Path,
+    sections_of: SectionsOf,
+    run_id: int | None = None,
+    on_failure: Callable[[SectionFailure], None] = lambda _: None,
 ) -> tuple[Path, list[Path]]:
     """Write `out_dir/report.html` and a PNG per figure; returns their paths.
 
     `sections_of(kind, findings)` asks a task's kind for its sections (the CLI resolves kinds;
-    a kind that is not installed here adds nothing). The board and the sections: today's
-    board, or with `run_id`, each task as that run left it."""
+    a kind that is not installed here adds nothing); a kind that fails gets a section saying
+    so, and `on_failure` is told. The board and the sections: today's board, or with
+    `run_id`, each task as that run left it."""
     runs = store.runs(limit=1_000_000)
     if not runs:
         raise UsageError(f"{store.path} has no run yet: run the plan first")
@@ -287,9 +290,13 @@ def write_report(
     sections = []
     for b in board:
         if b.findings and b.kind:
-            sections += [
-                (b.task_id, s) for s in sections_of(b.kind, {f.key: f for f in b.findings})
-            ]
+            # A kind's failure is its section's, not the page's (sectionfaults.py).
+            got, failure = sections_or_failure(
+                sections_of, b.task_id, b.kind, {f.key: f for f in b.findings}
+            )
+            sections += [(b.task_id, s) for s in got]
+            if failure is not None:
+                on_failure(failure)
     out_dir.mkdir(parents=True, exist_ok=True)  # orch's own <store>.report: checked by the CLI
     files = []
     # Each file is a new one renamed into place, never an existing one opened: a link planted
