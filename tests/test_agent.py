@@ -358,3 +358,30 @@ def test_a_python_task_that_prints_does_not_break_the_run_tools_stream(pdir: Pla
             assert chatty["findings"][0]["value"] == 7
 
     drive(session)
+
+
+def test_a_task_report_resource_says_a_failing_kind_failed(pdir: PlanDir) -> None:
+    """orch://tasks/ID/report for a kind whose report() raises: the resource is the findings
+    and a section naming the kind and its error, not an error for the agent."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: broken, kind: "helpers_tasks:BrokenReport"}
+    """)
+    env = {"ORCH_TEST_TOKEN": "tok", "PYTHONPATH": str(ROOT / "tests")}
+    assert run_orch("run", plan, env=env).returncode == 0
+
+    async def session() -> None:
+        server = StdioServerParameters(
+            command=ORCH, args=["mcp", str(plan)], cwd=str(plan.parent), env=env
+        )
+        with (pdir.root / "mcp.err").open("a") as err:
+            async with stdio_client(server, errlog=err) as streams, ClientSession(*streams) as s:
+                await s.initialize()
+                report = await s.read_resource("orch://tasks/broken/report")
+                text = report.contents[0].text  # type: ignore[union-attr]
+                assert "reported=1" in text
+                assert "## broken: the helpers_tasks:BrokenReport section failed" in text
+                assert "RuntimeError: <b>no</b> access with tok" in text
+
+    drive(session)

@@ -283,14 +283,19 @@ def build(runbook: Runbook) -> MCPServer[Any]:
         `orch report`, as text; the figures are in `orch report`'s page)."""
         from orchestrator.core.findings import Finding, summarize
         from orchestrator.views.report import kind_sections
+        from orchestrator.views.sectionfaults import sections_or_failure
 
         entry = entry_of(task_id, ResourceNotFoundError)
         lines = [f"# {entry['title']} ({task_id}, {entry['kind'] or 'todo'}): {entry['status']}"]
         found = [Finding(**f) for f in entry["findings"]]
         lines += [f"- {summarize([f])}" for f in found]  # as the board writes them
-        for section in (
-            kind_sections(entry["kind"], {f.key: f for f in found}) if entry["kind"] else ()
-        ):
+        # A kind whose report() fails gets a section saying so, as on `orch report`'s page.
+        sections, _ = (
+            sections_or_failure(kind_sections, task_id, entry["kind"], {f.key: f for f in found})
+            if entry["kind"]
+            else ([], None)
+        )
+        for section in sections:
             lines += ["", f"## {section.title}", *(f"- {n}" for n in section.notes)]
             lines += [section.text] if section.text else []
             lines += [f"(figure: {fig.title})" for fig in section.figures]
