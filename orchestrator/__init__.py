@@ -22,6 +22,7 @@ if TYPE_CHECKING:  # the real names for type checkers; at run time they load on 
     from orchestrator.kinds.task import Context as Context
     from orchestrator.kinds.task import Duration as Duration
     from orchestrator.kinds.task import NoParams as NoParams
+    from orchestrator.kinds.task import OptionValue as OptionValue
     from orchestrator.kinds.task import Pool as Pool
     from orchestrator.kinds.task import PoolUnavailable as PoolUnavailable
     from orchestrator.kinds.task import Precondition as Precondition
@@ -38,6 +39,7 @@ _EXPORTS = {
     "PoolUnavailable": "kinds.task",
     "Duration": "kinds.task",
     "Argv": "kinds.task",
+    "OptionValue": "kinds.task",
     "Section": "kinds.sections",
     "Figure": "kinds.sections",
     "TaskError": "core.errors",

@@ -39,7 +39,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from orchestrator import Argv, Context, Duration, Task, TaskError
+from orchestrator import Argv, Context, Duration, OptionValue, Task, TaskError
 from orchestrator.core.safeopen import ensure_private_dir, open_for_append
 from orchestrator.core.terminal import plural
 from orchestrator.core.umask import user_umask
@@ -68,11 +68,11 @@ class Speculative(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    algorithm: str = Field(
+    algorithm: OptionValue = Field(
         description="SGLang: EAGLE3, EAGLE, NGRAM, ...; vLLM method: eagle3, "
         "draft_model, ngram, ..."
     )
-    draft_model: str | None = None
+    draft_model: OptionValue | None = None
     draft_tokens: int | None = Field(
         None,
         ge=1,
@@ -104,9 +104,9 @@ class LaunchParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     flavour: Flavour
-    model: str | None = Field(None, description="weights dir or hub id (vllm, sglang)")
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
+    model: OptionValue | None = Field(None, description="weights dir or hub id (vllm, sglang)")
+    served_model_name: OptionValue | None = None
+    host: OptionValue = "127.0.0.1"
     port: int = Field(ge=1, le=65535)
     tensor_parallel: int = Field(1, ge=1)
     max_running_requests: int | None = Field(

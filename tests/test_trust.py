@@ -310,3 +310,32 @@ def test_the_kinds_reference_says_where_findings_may_go() -> None:
     assert "| `function` | str | required | refused: names code |" in doc
     assert "| `command` | str \\| list[str] | required | refused: parsed as code" in doc
     assert "| `env` | dict[str, str] | `{}` | data, as a value" in doc
+
+
+def test_a_finding_never_becomes_an_option_of_the_server_it_names(pdir: PlanDir) -> None:
+    """server.launch's model and draft model from a finding (a drafter an earlier step
+    trained) are values: `--trust-remote-code` there would be the server's flag, so the task
+    fails before anything starts, naming the param."""
+    found = "'${tasks.train.findings.result}'"
+    for written in (
+        f"model: {found}",
+        f"model: m, speculative: {{algorithm: EAGLE3, draft_model: {found}}}",
+    ):
+        plan = pdir.write(f"""
+            name: t
+            tasks:
+              - id: train
+                kind: python
+                params: {{function: "builtins:str", args: {{object: "--trust-remote-code"}}}}
+              - id: launch
+                kind: server.launch
+                needs: [train]
+                params: {{flavour: sglang, launcher: [/usr/bin/touch, {pdir.root}/started],
+                          port: 1, {written}}}
+        """)
+        r = run_orch("run", plan)
+        assert r.returncode == 1, r.stderr
+        error = pdir.todo("launch")["last_error"]
+        assert "model" in error and "starts with '-'" in error, error
+        assert not (pdir.root / "started").exists()
+        assert run_orch("reset", plan, "--yes").returncode == 0

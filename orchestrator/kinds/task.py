@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Generic, Protocol, TypeVar
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict
 
 from orchestrator.core.durations import parse_duration
 from orchestrator.core.errors import TaskError
@@ -50,6 +50,20 @@ def _argv_items(value: object) -> object:
 
 # A params field that is an argv list: numbers YAML parsed are taken as their text.
 Argv = Annotated[list[str], BeforeValidator(_argv_items)]
+
+
+def _not_an_option(value: str) -> str:
+    if value.startswith("-"):
+        raise ValueError(
+            f"{value[:60]!r} starts with '-': the program would read it as an option, not as "
+            f"this value (a path can be written ./{value[:60]})"
+        )
+    return value
+
+
+# A params field a kind passes to a program as one argv item, a positional or after its flag
+# (`vllm serve MODEL`): never an option, even when a finding wrote it (`--trust-remote-code`).
+OptionValue = Annotated[str, AfterValidator(_not_an_option)]
 
 
 def _command_shape(value: object) -> object:
