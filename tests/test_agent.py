@@ -330,7 +330,7 @@ def test_the_client_snippet_in_docs_agent_md_runs_as_written(tmp_path: Path) -> 
 
 def test_a_python_task_that_prints_does_not_break_the_run_tools_stream(pdir: PlanDir) -> None:
     """A `python` task runs inside the run's process: what it prints must not land among the
-    JSON lines the agent server reads its progress from."""
+    JSON lines the agent server reads its progress from; it goes to the task's log."""
     (pdir.root / "chatty.py").write_text(
         "def shout():\n"
         "    print('hello from the task', flush=True)\n"
@@ -352,10 +352,12 @@ def test_a_python_task_that_prints_does_not_break_the_run_tools_stream(pdir: Pla
         async with agent(plan, pdir.root / "mcp.err") as s:
             result = await call(s, "run", progress_callback=on_progress)
             assert result["outcome"] == "completed", result
-            assert "hello from the task" in result["messages"], result["messages"]
+            assert "hello from the task" not in result["messages"], result["messages"]
             assert any("chatty" in p and "-> completed" in p for p in progress), progress
             chatty = next(t for t in result["board"]["tasks"] if t["id"] == "chatty")
             assert chatty["findings"][0]["value"] == 7
+            task = await call(s, "task", {"id": "chatty", "log_lines": 5})
+            assert "hello from the task" in task["log_tail"], task["log_tail"]
 
     drive(session)
 

@@ -99,7 +99,7 @@ def test_the_analysis_markdown_becomes_html() -> None:
         ("<img src=x onerror=alert(1)>", "<p>&lt;img src=x onerror=alert(1)&gt;</p>"),
         ("a\x1b[31mred\x00\x7f\x9b", "<p>a\\x1b[31mred\\x00\\x7f\\x9b</p>"),
         ("> quoted **x**", "<blockquote><p>quoted <strong>x</strong></p></blockquote>"),
-        ("a\u2028b", "<p>a\u2028b</p>"),  # a line separator is text, not a line break
+        ("a\u2028b", "<p>a\\u2028b</p>"),  # a line separator is shown as its escape, not a break
     ],
 )
 def test_inline_markdown_and_hostile_text(markdown: str, html: str) -> None:
