@@ -255,6 +255,8 @@ def test_a_finding_inside_a_data_position_is_passed_as_one_value(value: str, nam
         return
     python = registry.resolve("python")
     assert choosing_code(SHELL, {"command": f'printf %s "${name}"', "env": {name: X}}) == []
+    # typed params: checked against their type once substituted, never refused for a finding
+    assert choosing_code(SHELL, {"command": "true", "grace": X, "cwd": X, "paths": {name: X}}) == []
     assert choosing_code(python, {"function": "m:f", "args": {"v": X, "w": [X]}}) == []
     lookup = {Ref("x", "probe"): value}.__getitem__
     assert resolve({name: X}, lookup, env_text) == {name: value}
