@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.core.errors import TemplateError
@@ -238,6 +238,7 @@ def test_a_finding_outside_a_data_position_is_never_accepted(
 ) -> None:
     """Whatever text or argv items stand around it, in shell text, argv, a command
     precondition or an env name, a finding is refused."""
+    assume(not before.endswith("$"))  # `$${` is a literal `${`, no reference
     text = f"{before}{X}{after}"
     items = [*argv[:at], text, *argv[at:]]
     assert [k for k, _ in choosing_code(SHELL, {"command": text})] == ["command"]
