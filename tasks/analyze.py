@@ -567,6 +567,9 @@ class Point:
     inferred: bool  # in flight not measured but taken from the server's cap
     again: Level | None = None  # the same level on the second launch
     moved: bool = False  # the launches disagree beyond their windows and the noise margin
+    # The server's max_running_requests where it is below the requested concurrency: the level
+    # ran held by it, so more offered load would not have put more requests in flight.
+    cap: int | None = None
 
     @property
     def tok_s(self) -> float:
@@ -621,11 +624,11 @@ def points(result: Result) -> list[Point]:
     mrr = result.server.max_running_requests
     out = []
     for lv in sorted(result.levels, key=lambda lv: lv.concurrency):
+        cap = mrr if mrr is not None and mrr < lv.concurrency else None
         if lv.achieved_concurrency is not None:
-            out.append(Point(lv, lv.achieved_concurrency, False))
+            out.append(Point(lv, lv.achieved_concurrency, False, cap=cap))
         else:
-            capped = mrr is not None and mrr < lv.concurrency
-            out.append(Point(lv, float(mrr) if capped and mrr else float(lv.concurrency), capped))
+            out.append(Point(lv, float(cap or lv.concurrency), cap is not None, cap=cap))
     return out
 
 
@@ -645,7 +648,9 @@ def baseline_points(base: Result, again: Result | None, noise: float) -> list[Po
             continue
         (lo, hi), (lo2, hi2) = level_bounds(p.level), level_bounds(q.level)
         moved = lo * (1 - noise) > hi2 * (1 + noise) or lo2 * (1 - noise) > hi * (1 + noise)
-        out.append(Point(p.level, (p.concurrency + q.concurrency) / 2, p.inferred, q.level, moved))
+        out.append(
+            Point(p.level, (p.concurrency + q.concurrency) / 2, p.inferred, q.level, moved, p.cap)
+        )
     return out
 
 
@@ -980,7 +985,7 @@ def _cap(
     server's cap, or a shortfall of unknown cause (no cap recorded). Below a recorded cap it is
     not the cap (see _shortfall)."""
     mrr = result.server.max_running_requests
-    over = [p for p in pts if mrr is not None and p.level.concurrency > mrr]
+    over = [p for p in pts if p.cap is not None]
     short = [] if mrr is not None else _short(pts, tolerance)
     if not over and not short:
         return None
