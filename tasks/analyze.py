@@ -74,11 +74,27 @@ Names: "concurrency N" is the requested concurrency (the client's limit); "N in 
 achieved one (measured mean requests in flight); the draft model's cost per step relative to a
 target step is the "draft/target cost ratio".
 
+Capacity: the candidate's peak (its highest throughput over every level it ran, compared or
+not, capped or not) against the baseline's, wherever each peaked; absent only where a side ran
+no level or the two measured different work (the report says which). A level the server's cap
+held (max_running_requests below the concurrency requested) is a known peak however few ran;
+a candidate that peaked at its highest level, asked for less than the baseline's peak and its
+own cap, may serve more beyond: its capacity is "at least".
+
+The verdict, one line: `MEASUREMENT PROBLEM: ... — ` first where there is one; then a known
+capacity below the baseline's, what decides a migration first (`capacity 0.36x: 849 against
+2370 tok/s; capped at 48 running requests; the baseline's peak at concurrency 128 — `); then
+the levels compared and what qualifies them, a higher capacity among those (a peak at another
+load is no evidence that speculation pays).
+
 Findings, per candidate NAME: NAME.verdict, NAME.pays, NAME.wins_at, NAME.even_at,
 NAME.loses_at, NAME.speedup_cN (one per compared level, N its requested concurrency),
-NAME.speedup_peak (at the baseline's peak, when compared there), NAME.capped,
-NAME.accept_length, NAME.draft_tokens, NAME.acceptance, NAME.alpha, NAME.acceptance_reported,
-NAME.break_even_step_ms, NAME.speedup_ceiling (each only where the data allows); then `report`:
+NAME.speedup_peak (at the baseline's peak, when compared there), NAME.capacity (the ratio),
+NAME.capacity_tok_s, NAME.capacity_concurrency (requested) and NAME.capacity_cap (where the cap
+held it) of the candidate's peak, NAME.capped, NAME.accept_length, NAME.draft_tokens,
+NAME.acceptance, NAME.alpha, NAME.acceptance_reported, NAME.break_even_step_ms,
+NAME.speedup_ceiling (each only where the data allows); then the baseline's peak, once:
+baseline_capacity_tok_s, baseline_capacity_concurrency, baseline_capacity_cap; then `report`:
 the Markdown report, `<task id>.md` in the run's folder.
 """
 
@@ -885,14 +901,50 @@ class Verdict:
     @property
     def capacity(self) -> Match | None:
         """The candidate's peak against the baseline's: the most each configuration served over
-        the levels measured, at whatever concurrency each reached it. A capacity, not a
-        speed-up: the two peaks may lie at different concurrencies. None where the candidate
-        was not loaded as far as the baseline's peak: its own peak may lie beyond."""
-        if self.differ or not self.points or (base := self.base_peak) is None:
-            return None
-        if max(p.level.concurrency for p in self.points) < base.level.concurrency:
+        every level it ran, compared or not, capped or not, at whatever concurrency each reached
+        it. A capacity, not a speed-up: the two peaks may lie at different concurrencies, and a
+        level held by the server's cap is the peak an operator gets. None only where there is
+        no such pair (`no_capacity` says why)."""
+        if self.no_capacity is not None or (base := self.base_peak) is None:
             return None
         return Match(max(self.points, key=lambda p: p.tok_s), base)
+
+    @property
+    def no_capacity(self) -> str | None:
+        """Why there is no capacity: 'the candidate ran no level'; None where there is one."""
+        if self.differ:  # tok/s of different work are not one quantity
+            return "the two measured different work (" + ", ".join(self.differ) + ")"
+        if not self.points:
+            return "the candidate ran no level"
+        if not self.base_points:
+            return "the baseline ran no level"
+        return None
+
+    @property
+    def capacity_floor(self) -> bool:
+        """The capacity is only a lower bound: the candidate peaked at its highest level, which
+        asked for fewer requests than the baseline's peak and than its server admits, so more
+        load may have served more. A level its cap held is a known peak, however few ran."""
+        m = self.capacity
+        return (
+            m is not None
+            and may_rise(m.cand, self.points, self.result.server.max_running_requests)
+            and m.cand.level.concurrency < m.base.level.concurrency
+        )
+
+    @property
+    def capacity_lower(self) -> bool:
+        """The candidate's known peak below the baseline's beyond the windows and the noise
+        margin: what an operator deciding the migration needs first (the verdict opens with
+        it)."""
+        m = self.capacity
+        return m is not None and not self.capacity_floor and self.outcome(m) == "loss"
+
+    def capacity_figure(self) -> str:
+        """'0.36x', '1.11x (1.08-1.13)', 'at least 0.04x'; '' where there is no capacity."""
+        if (m := self.capacity) is None:
+            return ""
+        return ("at least " if self.capacity_floor else "") + _figure(m, " (", ")")
 
     def capacity_text(self) -> str | None:
         """'capacity 0.52x (0.47-0.58): peak 2279 tok/s at concurrency 8 (cap 8) against the
@@ -905,10 +957,9 @@ class Verdict:
             return f"at concurrency {self.name_of(p)}" + (f" (cap {cap})" if cap else "")
 
         text = (
-            f"capacity {fx(m.speedup)}"
-            + (f" ({m.spread_text})" if m.spread_text else "")
-            + f": peak {ft(m.cand.tok_s)} tok/s {where(m.cand, cand_cap)} against the "
-            f"baseline's {ft(m.base.tok_s)} tok/s {where(m.base, self.base_cap)}"
+            f"capacity {self.capacity_figure()}: peak {ft(m.cand.tok_s)} tok/s "
+            f"{where(m.cand, cand_cap)} against the baseline's {ft(m.base.tok_s)} tok/s "
+            f"{where(m.base, self.base_cap)}"
         )
         if cand_cap is not None and cand_cap < m.base.concurrency * (1 - self.tolerance):
             text += (
@@ -917,11 +968,11 @@ class Verdict:
             )
         tops = [
             who
-            for who, p, pts in (
-                ("candidate", m.cand, self.points),
-                ("baseline", m.base, self.base_points),
+            for who, p, pts, mrr in (
+                ("candidate", m.cand, self.points, cand_cap),
+                ("baseline", m.base, self.base_points, self.base_cap),
             )
-            if len(pts) > 1 and p is max(pts, key=lambda q: q.concurrency)
+            if may_rise(p, pts, mrr)
         ]
         if tops:
             text += (
@@ -968,6 +1019,14 @@ class Verdict:
         if acc is None or acc.problems:
             return None
         return level_tau(m.cand.level, acc) / m.speedup
+
+
+def may_rise(peak: Point, pts: list[Point], mrr: int | None) -> bool:
+    """More load may serve more than a side's peak: it is that side's highest level, and it
+    asked for fewer requests than the server admits (at its cap, more offered load would not
+    have put more in flight)."""
+    top = max(pts, key=lambda p: p.level.concurrency)
+    return peak is top and (mrr is None or top.level.concurrency < mrr)
 
 
 def level_tau(level: Level, acc: Acceptance) -> float:
@@ -1300,11 +1359,42 @@ def _comparability(cand: Result, base: Result) -> list[str]:
 
 
 def _verdict_text(v: Verdict, base: Result) -> str:
-    """What is there, level by level; problems first, then what qualifies it."""
-    text = "; ".join([_head(v), *_details(v, base)])
+    """What is there, level by level; problems first, then a capacity below the baseline's
+    (what decides a migration first), then what qualifies it. A capacity above the baseline's
+    is one of the qualifiers: a peak at another load is no evidence that speculation pays."""
+    m, capacity = v.capacity, _capacity_clause(v)
+    lead = capacity if v.capacity_lower else None
+    cap_said = capacity is not None and m is not None and m.cand.cap is not None
+    text = "; ".join([_head(v), *_details(v, base, None if lead else capacity, cap_said)])
+    if lead:
+        text = f"{lead} — {text}"
     if v.problems:
         text = f"{PROBLEM}: " + "; ".join(v.problems) + " — " + text
     return text
+
+
+def _capacity_clause(v: Verdict) -> str | None:
+    """'capacity 0.36x: 849 against 2370 tok/s; capped at 48 running requests; the baseline's
+    peak at concurrency 128'. None where there is no capacity, where it is a lower bound
+    below 1, or where it is not lower and a compared level already pairs the two peaks (that
+    level's speed-up says it)."""
+    if (m := v.capacity) is None:
+        return None
+    if v.capacity_floor and v.outcome(m) != "win":  # a lower bound below 1 tells nothing
+        return None
+    if not v.capacity_lower and any(x.cand is m.cand and x.base is m.base for x in v.matches):
+        return None
+    parts = [f"capacity {v.capacity_figure()}: {ft(m.cand.tok_s)} against {ft(m.base.tok_s)} tok/s"]
+    if m.cand.cap is not None:
+        parts.append(f"capped at {m.cand.cap} running requests")
+    if m.cand.level.concurrency == m.base.level.concurrency:
+        parts.append(f"the baseline's peak at concurrency {v.name_of(m.base)}")
+    else:
+        parts.append(
+            f"the candidate's peak at concurrency {v.name_of(m.cand)}, the baseline's at "
+            f"{v.name_of(m.base)}"
+        )
+    return "; ".join(parts)
 
 
 def _head(v: Verdict) -> str:
@@ -1382,11 +1472,14 @@ def _mixed(v: Verdict, ms: list[Match]) -> str:
     return ", ".join(parts)
 
 
-def _figure(m: Match) -> str:
-    return fx(m.speedup) + (f", {m.spread_text}" if m.spread_text else "")
+def _figure(m: Match, before: str = ", ", after: str = "") -> str:
+    """'0.71x, 0.66-0.77'; '0.71x (0.66-0.77)' with before ' (' and after ')'."""
+    return fx(m.speedup) + (f"{before}{m.spread_text}{after}" if m.spread_text else "")
 
 
-def _details(v: Verdict, base: Result) -> list[str]:
+def _details(v: Verdict, base: Result, capacity: str | None, cap_said: bool) -> list[str]:
+    """What qualifies the head; `capacity`: the capacity clause, where it goes among them;
+    `cap_said`: the capacity clause names the cap, so it is not said twice."""
     out = []
     if v.matches:
         matched = {id(m.cand) for m in v.matches}
@@ -1399,7 +1492,9 @@ def _details(v: Verdict, base: Result) -> list[str]:
     acc = v.acceptance
     if acc is not None and acc.tau <= 1 + v.noise and v.points and not v.differ:
         out.append(f"tau={acc.tau:.2f}, no draft accepted")
-    if v.capped:
+    if capacity is not None:
+        out.append(capacity)
+    if v.capped and not cap_said:
         mrr = v.result.server.max_running_requests
         out.append(
             f"capped at {mrr} running requests"
@@ -1481,7 +1576,8 @@ def record(ctx: Context, v: Verdict) -> None:
             )
         ]
     )
-    ctx.finding(f"{n}.verdict", v.verdict, note="; ".join(summary + v.notes) or None)
+    missing = [] if v.no_capacity is None else [f"no capacity: {v.no_capacity}"]
+    ctx.finding(f"{n}.verdict", v.verdict, note="; ".join(summary + v.notes + missing) or None)
     ctx.finding(f"{n}.pays", v.pays, note=_why_pays(v))
     if v.matches:
         keys: tuple[tuple[Outcome, str], ...] = (
@@ -1513,6 +1609,7 @@ def record(ctx: Context, v: Verdict) -> None:
         )
     if (cap := v.capacity) is not None:
         ctx.finding(f"{n}.capacity", round(cap.speedup, 3), "x", v.capacity_text())
+        record_peak(ctx, f"{n}.capacity", v, cap.cand)
     ctx.finding(f"{n}.capped", v.capped, note=v.cap_note)
     if acc is not None:
         _record_acceptance(ctx, n, acc)
@@ -1524,6 +1621,28 @@ def record(ctx: Context, v: Verdict) -> None:
             "tau * T_dec: a speculative step must be faster to win at concurrency 1",
         )
         ctx.finding(f"{n}.speedup_ceiling", round(be.ceiling, 3), "x", "tau")
+
+
+def record_peak(ctx: Context, key: str, v: Verdict, p: Point) -> None:
+    """A side's peak, the figures behind a capacity: KEY_tok_s, KEY_concurrency (requested),
+    and KEY_cap where the server's cap held that level below it."""
+    ctx.finding(
+        f"{key}_tok_s", round(p.tok_s, 1), "tok/s", f"peak, at concurrency {_peak_at(v, p)}"
+    )
+    ctx.finding(
+        f"{key}_concurrency",
+        p.level.concurrency,
+        "requests",
+        f"requested; {fc(p.concurrency)} in flight"
+        + (" (taken from the cap)" if p.inferred else ""),
+    )
+    if p.cap is not None:
+        ctx.finding(
+            f"{key}_cap",
+            p.cap,
+            "requests",
+            "max_running_requests: it held the peak's level below the concurrency requested",
+        )
 
 
 def _record_acceptance(ctx: Context, n: str, acc: Acceptance) -> None:
@@ -1639,7 +1758,7 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
                     v.verdict,
                     _speedup_cell(v.c1, v),
                     _speedup_cell(v.peak, v),
-                    _speedup_cell(v.capacity, v),
+                    _capacity_cell(v),
                     _capped_cell(v),
                     *_acceptance_cells(v.acceptance),
                 ]
@@ -1647,6 +1766,21 @@ def _summary(task_id: str, base: Result, verdicts: list[Verdict]) -> list[str]:
             + " |"
         )
     return out
+
+
+def _capacity_cell(v: Verdict) -> str:
+    """'0.36x: 849 tok/s at 128 with 48 in flight (capped at 48) vs 2370 at 128'."""
+    if (m := v.capacity) is None:
+        return "not comparable" if v.differ else f"not measured: {v.no_capacity}"
+    return (
+        f"{v.capacity_figure()}: {ft(m.cand.tok_s)} tok/s at {_peak_at(v, m.cand)} vs "
+        f"{ft(m.base.tok_s)} at {_peak_at(v, m.base)}"
+    )
+
+
+def _peak_at(v: Verdict, p: Point) -> str:
+    """'128 with 48 in flight (capped at 48)': a peak's concurrency and the cap that held it."""
+    return v.name_of(p) + (f" (capped at {p.cap})" if p.cap is not None else "")
 
 
 def _capped_cell(v: Verdict) -> str:
@@ -1776,6 +1910,8 @@ def _bullets(v: Verdict) -> list[str]:
     bullets += [f"- **Capped.** {v.cap_note}."] if v.cap_note else []
     if (capacity := v.capacity_text()) is not None:
         bullets.append(f"- **Capacity.** {capacity[0].upper()}{capacity[1:]}.")
+    else:
+        bullets.append(f"- **Capacity.** None: {v.no_capacity}.")
     if (acc := v.acceptance) is not None:
         bullets.append(
             f"- **Acceptance.** tau = {acc.tau:.2f} with k = {acc.k} (from {acc.source}): "
@@ -1877,6 +2013,8 @@ class AnalyzeCompare(Task[CompareParams]):
         ctx.log(text)  # `orch logs ID` shows the report too
         for v in verdicts:
             record(ctx, v)
+        if (peak := verdicts[0].base_peak) is not None:  # one baseline: its peak once
+            record_peak(ctx, "baseline_capacity", verdicts[0], peak)
         ctx.finding("report", str(report), note=f"{len(verdicts)} candidate(s)")
         inputs = report.with_suffix(".inputs.json")  # what `orch report` draws the curves from
         write_atomically(

@@ -20,7 +20,9 @@ from pydantic import ValidationError
 
 from orchestrator import Context, TaskError
 from orchestrator.core.findings import Finding
+from orchestrator.views.report import markdown_html
 from tasks.analyze import (
+    AnalyzeCompare,
     CompareParams,
     Result,
     Verdict,
@@ -324,7 +326,8 @@ def test_non_monotone_sweep_is_described_level_by_level(tmp_path: Path) -> None:
     )
     v = compare("eagle", cand, base)
     assert v.verdict == (
-        "wins at concurrency 1 (1.43x, 1.21-1.62), even at 4, loses at 8 (0.71x, 0.66-0.77)"
+        "capacity 0.71x (0.66-0.77): 710 against 1000 tok/s; the baseline's peak at concurrency "
+        "8 — wins at concurrency 1 (1.43x, 1.21-1.62), even at 4, loses at 8 (0.71x, 0.66-0.77)"
     )
     assert not v.pays
     f = _recorded(v, tmp_path)
@@ -366,7 +369,8 @@ def test_uniform_sweeps_are_said_in_one_phrase() -> None:
         "no speed-up: even at every concurrency measured (1, 4, 8): 0.99-1.01x"
     )
     assert verdict(60, 240, 640).verdict == (
-        "loses at every concurrency measured (1, 4, 8): 0.6-0.8x"
+        "capacity 0.8x (0.78-0.82): 640 against 800 tok/s; the baseline's peak at concurrency 8"
+        " — loses at every concurrency measured (1, 4, 8): 0.6-0.8x"
     )
     some = verdict(150, 404, 800)
     assert some.verdict == "wins at concurrency 1 (1.5x, 1.47-1.53), even at 4 and 8"
@@ -385,6 +389,7 @@ def test_v1_sweep_is_level_by_level_and_measured_once(tmp_path: Path) -> None:
     )
     v = compare("eagle", cand, base)
     assert v.verdict == (
+        "capacity 0.8x: 1920 against 2400 tok/s; the baseline's peak at concurrency 128 — "
         "wins at concurrency 1 (1.4x), 8 (1.2x) and 32 (1.05x), loses at 128 "
         "(0.8x); measured once: no spread known"
     )
@@ -416,6 +421,7 @@ def test_levels_compare_at_equal_achieved_concurrency() -> None:
     v = compare("c", cand, base)
     assert [(m.cand.level.concurrency, m.base.level.concurrency) for m in v.matches] == [(64, 32)]
     assert v.verdict == (
+        "capacity 0.61x: 1100 against 1800 tok/s; the baseline's peak at concurrency 64 — "
         "speculation pays at concurrency 64 with 33 in flight: 1.1x; measured "
         "once: no spread known; fewer in flight than requested, cause unknown"
     )
@@ -436,8 +442,9 @@ def test_levels_compare_at_equal_achieved_concurrency() -> None:
 
 
 def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: Path) -> None:
-    """No ratio across concurrencies: against a baseline peaking at 128, a candidate measured
-    at 1 only gets a verdict about 1, no peak finding, and 'not measured' at 128."""
+    """No speed-up across concurrencies: against a baseline peaking at 128, a candidate
+    measured at 1 only gets a verdict about 1, no peak finding, 'not measured' at 128, and a
+    capacity that is only a lower bound ('at least'), left out of the verdict."""
     base = _result(SGLANG_BASE)
     v = compare("c", _result({"levels": _levels((1, 90))}), base)
     assert v.verdict == "speculation pays at concurrency 1: 1.42x; measured once: no spread known"
@@ -448,7 +455,7 @@ def test_candidate_measured_only_at_concurrency_1_gets_no_peak_ratio(tmp_path: P
     md = render("an", base, [v])
     assert (
         "| c | speculation pays at concurrency 1: 1.42x; measured once: no spread known "
-        "| 1.42x | not measured | not measured | no |" in md
+        "| 1.42x | not measured | at least 0.04x: 90 tok/s at 1 vs 2370 at 128 | no |" in md
     )
     assert "| 128 | 128 | not measured | 2370, once (peak) | – | not measured | – |" in md
 
@@ -642,8 +649,10 @@ def test_an_unstable_baseline_level_is_inconclusive_for_every_candidate() -> Non
     custom = _result(
         {"levels": [_lv(1, 860, 840, 890), _lv(4, 3460, 3400, 3500), _lv(8, 4250, 4100, 4400)]}
     )
+    lower = "capacity 0.35x (0.34-0.37): 1630 against 4621 tok/s; "
+    lower += "the candidate's peak at concurrency 4, the baseline's at 8 — "
     for name, cand, rest in (
-        ("noisy", noisy, "loses at concurrency 1 (0.46x, 0.44-0.48), "),
+        ("noisy", noisy, lower + "loses at concurrency 1 (0.46x, 0.44-0.48), "),
         ("custom", custom, "even at concurrency 1, "),
     ):
         v = compare(name, cand, base)
@@ -687,12 +696,37 @@ def test_a_baseline_that_moved_between_launches_makes_its_comparisons_inconclusi
     assert "launch spread 7%" in str(f["c.speedup_c1"].note)
 
 
-def test_capacity_is_peak_against_peak_and_says_the_cap(tmp_path: Path) -> None:
-    """The field report: the EAGLE-3 server capped at 48 running requests serves 849 tok/s at
-    its peak, the baseline 2370 at 128: capacity 0.36x, said as capacity, with the cap."""
+EAGLE3_CAPPED: dict[str, Any] = {  # the field report's run, its 48 in flight measured
+    **AQ_MEDAI,
+    "levels": [{"concurrency": 128, "achieved_concurrency": 48.0, "output_tok_s": 849}],
+}
+FIELD_CAPACITY = (
+    "capacity 0.36x: 849 against 2370 tok/s; capped at 48 running requests; the baseline's "
+    "peak at concurrency 128"
+)
+
+
+def test_capacity_of_the_field_reports_capped_eagle3_leads_the_verdict(tmp_path: Path) -> None:
+    """The field reports' central finding: EAGLE-3, held by SGLang's cap at 48 in flight of
+    the 128 offered, served 849 tok/s against the base's 2370 at 128. No baseline level had
+    48 in flight, so no level is compared, yet its peak is known: capacity 0.36x opens the
+    verdict, with both concurrencies and the cap, in the findings and the report's column."""
     base = _result(SGLANG_BASE)
-    v = compare("aq_medai", _result(AQ_MEDAI), base)
-    assert v.capacity is not None and v.capacity.speedup == pytest.approx(849 / 2370)
+    v = compare("aq_medai", _result(EAGLE3_CAPPED), base)
+    assert not v.matches  # the capped level is not compared ...
+    cap = v.capacity  # ... and its capacity is there all the same
+    assert cap is not None and cap.speedup == pytest.approx(849 / 2370, abs=1e-9)
+    assert (cap.cand.level.concurrency, cap.cand.concurrency, cap.cand.cap) == (128, 48, 48)
+    assert (cap.base.level.concurrency, cap.base.cap) == (128, None)
+    assert not v.capacity_floor and v.capacity_lower
+    head, rest = v.verdict.split(" — ")
+    assert head == FIELD_CAPACITY
+    assert rest == (
+        "not compared: no baseline level at equal concurrency (candidate: concurrency 128 "
+        "with 48 in flight)"  # the cap is said once, in the capacity
+    )
+    # In flight taken from the cap (the report gave none): the same verdict.
+    assert compare("aq_medai", _result(AQ_MEDAI), base).verdict == v.verdict
     assert v.capacity_text() == (
         "capacity 0.36x: peak 849 tok/s at concurrency 128 with 48 in flight (cap 48) against "
         "the baseline's 2370 tok/s at concurrency 128 (cap 2048); capped at 48 running "
@@ -701,19 +735,111 @@ def test_capacity_is_peak_against_peak_and_says_the_cap(tmp_path: Path) -> None:
     )
     f = _recorded(v, tmp_path)
     assert f["aq_medai.capacity"].value == 0.358 and f["aq_medai.capacity"].unit == "x"
+    assert f["aq_medai.capacity"].note == v.capacity_text()
+    assert (f["aq_medai.capacity_tok_s"].value, f["aq_medai.capacity_tok_s"].unit) == (849, "tok/s")
+    assert f["aq_medai.capacity_concurrency"].value == 128
+    assert f["aq_medai.capacity_concurrency"].note == "requested; 48 in flight"
+    assert f["aq_medai.capacity_cap"].value == 48
+    cell = "0.36x: 849 tok/s at 128 with 48 in flight (capped at 48) vs 2370 at 128"
     md = render("an", base, [v])
+    assert f"| aq_medai | {v.verdict} | not measured | not measured | {cell} | yes, 48 |" in md
     assert "- **Capacity.** Capacity 0.36x: peak 849 tok/s" in md
-    # Peaks at different concurrencies are still compared as capacity, never as a speed-up.
+    # The HTML report's section is that Markdown: the same cell.
+    (tmp_path / "an.md").write_text(md)
+    (section,) = AnalyzeCompare.report({"report": Finding("report", str(tmp_path / "an.md"))})
+    assert f"<td>{cell}</td>" in markdown_html(section.text)
+
+
+def test_a_capped_level_without_a_baseline_level_has_its_capacity() -> None:
+    """A baseline peaking at 2000 tok/s at 128; a candidate offered 64, held at 48 in flight by
+    its cap, serving 1000. No baseline level has 48 in flight and the candidate was never
+    offered 128, but more load would not have put more in flight: capacity 0.5x."""
+    base = _result(
+        {
+            "levels": _levels((1, 60), (16, 700), (128, 2000)),
+            "server": {"engine": "sglang", "max_running_requests": 2048},
+        }
+    )
+    cand = _result(
+        {
+            "levels": [
+                {"concurrency": 1, "output_tok_s": 70},
+                {"concurrency": 64, "achieved_concurrency": 48.0, "output_tok_s": 1000},
+            ],
+            "server": {"engine": "sglang", "max_running_requests": 48},
+        }
+    )
+    v = compare("e", cand, base)
+    assert [m.cand.level.concurrency for m in v.matches] == [1]  # 48 in flight: not compared
+    assert v.capacity is not None and v.capacity.speedup == pytest.approx(0.5)
+    assert not v.capacity_floor  # held by its cap: a known peak, though offered less
+    assert v.verdict.startswith(
+        "capacity 0.5x: 1000 against 2000 tok/s; capped at 48 running requests; the "
+        "candidate's peak at concurrency 64 with 48 in flight, the baseline's at 128 — "
+        "speculation pays at concurrency 1: 1.17x; "
+    ), v.verdict
+    assert "capped at 48 running requests;" not in v.verdict.split(" — ")[1]
+
+
+def test_a_higher_capacity_qualifies_the_verdict_and_never_leads_it(tmp_path: Path) -> None:
+    """The candidate's peak above the baseline's, at another concurrency: said among the
+    details, since a peak at another load is no evidence that speculation pays; the level
+    comparison stays the head. Where a compared level pairs the two peaks, it says it."""
     b = _result({"levels": [_lv(1, 100, 99, 101), _lv(4, 380, 375, 385), _lv(8, 360, 355, 365)]})
     c = _result({"levels": [_lv(1, 90, 89, 91), _lv(4, 300, 295, 305), _lv(8, 420, 415, 425)]})
     v = compare("c", c, b)
     assert v.capacity is not None and v.capacity.speedup == pytest.approx(420 / 380)
+    assert not v.capacity_lower
+    assert v.verdict == (
+        "loses at concurrency 1 (0.9x, 0.88-0.92) and 4 (0.79x, 0.77-0.81), wins at 8 (1.17x, "
+        "1.14-1.20); capacity 1.11x (1.08-1.13): 420 against 380 tok/s; the candidate's peak "
+        "at concurrency 8, the baseline's at 4"
+    )
     assert str(v.capacity_text()).startswith(
         "capacity 1.11x (1.08-1.13): peak 420 tok/s at concurrency 8 against the baseline's "
         "380 tok/s at concurrency 4; the candidate peaked at the highest concurrency measured"
     )
-    # Not loaded as far as the baseline's peak: no capacity claimed.
-    assert compare("c", _result({"levels": [_lv(1, 90, 89, 91)]}), b).capacity is None
+    f = _recorded(v, tmp_path)
+    assert f["c.capacity"].value == 1.105 and f["c.capacity_concurrency"].value == 8
+    assert "c.capacity_cap" not in f  # nothing held it
+    same = compare(
+        "c",
+        _result({"levels": [_lv(1, 150, 148, 152)]}),
+        _result({"levels": [_lv(1, 100, 99, 101)]}),
+    )
+    assert same.verdict == "speculation pays at concurrency 1: 1.5x (1.47-1.54)"
+
+
+def test_capacity_short_of_the_baseline_s_load_is_a_lower_bound_or_absent_with_why(
+    tmp_path: Path,
+) -> None:
+    """A candidate offered less than the baseline's peak, not held by a cap: its own peak may
+    lie beyond, so its capacity is 'at least', and below 1 no part of the verdict. A side with
+    no level has none, and the report and the verdict's note say why."""
+    b = _result({"levels": [_lv(1, 100, 99, 101), _lv(4, 380, 375, 385), _lv(8, 360, 355, 365)]})
+    v = compare("c", _result({"levels": [_lv(1, 90, 89, 91)]}), b)
+    assert v.capacity is not None and v.capacity_floor and not v.capacity_lower
+    assert v.verdict == "loses at concurrency 1: 0.9x (0.88-0.92)"
+    assert str(v.capacity_text()).startswith("capacity at least 0.24x (0.23-0.24): peak 90")
+    above = compare("c", _result({"levels": [_lv(1, 450, 445, 455)]}), b)
+    assert above.verdict == (  # a lower bound above 1 is a higher capacity: said, not as head
+        "speculation pays at concurrency 1: 4.5x (4.41-4.60); capacity at least 1.18x "
+        "(1.16-1.21): 450 against 380 tok/s; the candidate's peak at concurrency 1, the "
+        "baseline's at 4"
+    )
+    base = _result(SGLANG_BASE)
+    custom = compare("custom", _result(CUSTOM), base)
+    assert custom.capacity is None and custom.no_capacity == "the candidate ran no level"
+    md = render("an", base, [custom])
+    assert "| not measured: the candidate ran no level |" in md
+    assert "- **Capacity.** None: the candidate ran no level." in md
+    f = _recorded(custom, tmp_path)
+    assert "custom.capacity" not in f
+    assert str(f["custom.verdict"].note).endswith("no capacity: the candidate ran no level")
+    other = _result({**SGLANG_BASE, "benchmark": {"output_tokens": 48}})
+    differ = compare("d", _result({**EAGLE3_CAPPED, "benchmark": {"output_tokens": 128}}), other)
+    assert differ.capacity is None
+    assert differ.no_capacity == "the two measured different work (output_tokens 48 vs 128)"
 
 
 def test_a_draft_as_costly_as_the_target_winning_at_concurrency_1_is_flagged() -> None:
@@ -732,19 +858,22 @@ def test_a_draft_as_costly_as_the_target_winning_at_concurrency_1_is_flagged() -
     # At its ceiling it is no problem: a loss, as physics says.
     at_ceiling = _result({"levels": [_lv(1, 400, 395, 405)], "spec": spec})
     v = compare("noisy", at_ceiling, base, draft_cost=1)
-    assert not v.problems and v.verdict.startswith("loses at concurrency 1: 0.46x")
+    assert not v.problems and v.verdict.startswith(
+        "capacity 0.46x (0.45-0.48): 400 against 861 tok/s; the baseline's peak at concurrency "
+        "1 — loses at concurrency 1: 0.46x"
+    )
     # Free drafts (draft_cost 0, the default): the ceiling is tau, 1.41x stands.
     assert not compare("noisy", cand, base).problems
 
 
 def test_field_report_sglang_verdicts() -> None:
-    """AQ-MedAI: capped at 48, no baseline level with 48 in flight, so no speed-up computed
-    (no peak-vs-peak ratio); 21.7% strict; custom: its 25% is tau = 1."""
+    """AQ-MedAI: capped at 48, no baseline level with 48 in flight, so no speed-up computed,
+    its capacity (peak against peak) leads; 21.7% strict; custom: its 25% is tau = 1."""
     base = _result(SGLANG_BASE)
     aq = compare("aq_medai", _result(AQ_MEDAI), base)
     assert aq.verdict == (
-        "not compared: no baseline level at equal concurrency (candidate: "
-        "concurrency 128 with 48 in flight); capped at 48 running requests"
+        f"{FIELD_CAPACITY} — not compared: no baseline level at equal concurrency (candidate: "
+        "concurrency 128 with 48 in flight)"
     )
     assert not aq.pays and aq.peak is None
     assert aq.capped and aq.points[0].concurrency == 48 and aq.points[0].inferred
@@ -792,7 +921,7 @@ def test_v1_file_reads_and_unknown_schema_is_refused(tmp_path: Path) -> None:
     assert base.origin == f"{v1} (orch.bench/v1)"
     v = compare("c", _result({"levels": [_lv(1, 90, 88, 92)]}), base)
     assert v.matches[0].base.once and not v.matches[0].cand.once
-    assert v.verdict == (
+    assert v.verdict == (  # measured at 1 only: its capacity a lower bound, below 1, not said
         "speculation pays at concurrency 1: 1.42x (1.38-1.45); measured once: no spread known"
     )
     assert (
@@ -818,14 +947,15 @@ def _findings(doc: dict[str, Any], task: str) -> dict[str, Any]:
 
 
 AQ_VERDICT = (
-    "not compared: no baseline level at equal concurrency (candidate: concurrency 128 "
-    "with 48 in flight); capped at 48 running requests"
+    f"{FIELD_CAPACITY} — not compared: no baseline level at equal concurrency (candidate: "
+    "concurrency 128 with 48 in flight)"
 )
 
 
 def test_field_reports_through_orch(pdir: PlanDir) -> None:
     """A plan fed the field reports: findings on one definition, the cap, verdicts, Markdown;
-    no ratio across concurrencies (the AQ-MedAI run's 48 in flight has no baseline level)."""
+    no speed-up across concurrencies (the AQ-MedAI run's 48 in flight has no baseline level),
+    its capacity peak against peak, and the baseline's peak once."""
     params_sglang = {
         "baseline": SGLANG_BASE,
         "candidates": {"aq_medai": AQ_MEDAI, "custom": CUSTOM},
@@ -862,12 +992,22 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert f["aq_medai.acceptance_reported"]["value"] == pytest.approx(0.42)
     assert "22.7% accepted/proposed" in f["aq_medai.acceptance_reported"]["note"]
     assert f["aq_medai.break_even_step_ms"]["value"] == pytest.approx(25.94, abs=0.01)
+    assert f["aq_medai.capacity"]["value"] == 0.358
+    assert (f["aq_medai.capacity_concurrency"]["value"], f["aq_medai.capacity_cap"]["value"]) == (
+        128,
+        48,
+    )
+    # The baseline's peak, once per task: the other side of every candidate's capacity.
+    assert f["baseline_capacity_tok_s"]["value"] == 2370
+    assert f["baseline_capacity_concurrency"]["value"] == 128
+    assert "baseline_capacity_cap" not in f  # 128 asked, 2048 admitted: nothing held it
     assert f["custom.verdict"]["value"] == "no speed-up: tau=1.00, no draft accepted"
     assert f["custom.acceptance"]["value"] == 0
     g = _findings(doc, "analyze_vllm")
     assert g["vllm_eagle3.acceptance"]["value"] == pytest.approx(0.15)  # same definition
     assert g["vllm_eagle3.alpha"]["value"] == pytest.approx(0.32, abs=0.005)
     assert g["vllm_eagle3.verdict"]["value"] == (
+        "capacity 0.66x: 1014 against 1536 tok/s; the baseline's peak at concurrency 128 — "
         "loses at concurrency 128: 0.66x; measured once: no spread known"
     )
     assert g["vllm_eagle3.loses_at"]["value"] == "128"
@@ -880,7 +1020,8 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert report.name == "analyze.md" and report.parent == pdir.root / ".orch" / "t.runs" / "1"
     md = report.read_text()
     assert (
-        f"| aq_medai | {AQ_VERDICT} | not measured | not measured | 0.36x | yes, 48 | 1.65 (3) "
+        f"| aq_medai | {AQ_VERDICT} | not measured | not measured | 0.36x: 849 tok/s at 128 "
+        "with 48 in flight (capped at 48) vs 2370 at 128 | yes, 48 | 1.65 (3) "
         "| 21.7% | 0.411 | 42% (sglang_legacy) |"
     ) in md
     assert "| custom | no speed-up: tau=1.00, no draft accepted |" in md
@@ -892,7 +1033,7 @@ def test_field_reports_through_orch(pdir: PlanDir) -> None:
     assert "c=" not in md  # one name per quantity: concurrency, in flight, cost ratio
     assert "| vllm_eagle3 |" in Path(g["report"]["value"]).read_text()
     board = run_orch("status", plan)
-    assert "aq_medai.verdict=not compared" in board.stdout
+    assert "aq_medai.verdict=capacity 0.36x: 849 against" in board.stdout  # its start shows
     assert "| aq_medai |" in run_orch("logs", plan, "analyze").stdout
 
 
@@ -944,6 +1085,7 @@ def test_results_read_from_json_files(pdir: PlanDir) -> None:
     doc = json.loads(r.stdout)
     f = _findings(doc, "a")
     assert f["eagle.verdict"]["value"] == (
+        "capacity 0.83x: 1000 against 1200 tok/s; the baseline's peak at concurrency 32 — "
         "wins at concurrency 1 (1.4x), loses at 32 (0.83x); measured once: no spread known"
     )
     assert f["eagle.speedup_c1"]["value"] == pytest.approx(1.399, abs=1e-3)
