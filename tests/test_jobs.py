@@ -466,8 +466,10 @@ HERE = Path(__file__).parent
 
 
 def tidy(name):
-    (HERE / f"{name}.running").touch()
+    # The marker is written inside the try: a Ctrl-C the test sends once it sees the marker
+    # must find the handler in place (before, under load it could land between the two).
     try:
+        (HERE / f"{name}.running").touch()
         while True:
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -478,9 +480,10 @@ def tidy(name):
 
 
 def deaf():
-    (HERE / "deaf.running").touch()
+    running = HERE / "deaf.running"
     while True:
         try:
+            running.touch()  # inside the try, as tidy's
             while True:
                 time.sleep(0.05)
         except KeyboardInterrupt:
