@@ -1159,8 +1159,15 @@ def compare(
     v.notes = _notes(v, base)
     # Mixed results do not pay: a loss somewhere means it cannot simply be switched on; where
     # it wins is in NAME.wins_at. Impossible figures do not pay either: they are not evidence;
-    # nor does a sweep with an inconclusive level, which may hide the loss.
-    v.pays = bool(v.at("win")) and not v.at("loss") and not v.at("inconclusive") and not v.problems
+    # nor does a sweep with an inconclusive level, which may hide the loss; nor a known lower
+    # capacity: switched on, the host serves less at its peak, whatever it wins at low load.
+    v.pays = (
+        bool(v.at("win"))
+        and not v.at("loss")
+        and not v.at("inconclusive")
+        and not v.problems
+        and not v.capacity_lower
+    )
     v.verdict = _verdict_text(v, base)
     return v
 
@@ -1178,6 +1185,10 @@ def _why_pays(v: Verdict) -> str:
         return "no: nothing comparable with the baseline"
     if losses := at("loss"):
         return f"no: loses at concurrency {losses}" + (f", wins at {w}" if (w := at("win")) else "")
+    if v.capacity_lower:
+        return f"no: capacity {v.capacity_figure()} of the baseline's" + (
+            f", though it wins at concurrency {w}" if (w := at("win")) else ""
+        )
     if unsure := at("inconclusive"):
         return f"no: inconclusive at concurrency {unsure}, which may hide a loss"
     if not (wins := at("win")):

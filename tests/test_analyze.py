@@ -779,6 +779,9 @@ def test_a_capped_level_without_a_baseline_level_has_its_capacity() -> None:
         "speculation pays at concurrency 1: 1.17x; "
     ), v.verdict
     assert "capped at 48 running requests;" not in v.verdict.split(" — ")[1]
+    # It wins at concurrency 1, but switched on the host serves half at its peak: no migration.
+    assert v.capacity_lower and not v.pays
+    assert _why_pays(v) == "no: capacity 0.5x of the baseline's, though it wins at concurrency 1"
 
 
 def test_a_higher_capacity_qualifies_the_verdict_and_never_leads_it(tmp_path: Path) -> None:
