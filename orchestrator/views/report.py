@@ -28,7 +28,7 @@ from orchestrator.core.findings import Finding, summarize
 from orchestrator.core.safeopen import write_atomically
 from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
-from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
+from orchestrator.kinds.sections import Figure, Section, png_of, pyplot, safe_name
 from orchestrator.store.db import Store, decode, runs_dir
 from orchestrator.views.sectionfaults import SectionFailure, SectionsOf, sections_or_failure
 
@@ -400,21 +400,22 @@ def write_report(
         if moves
         else []
     )
-    sections = []
+    sections: list[Placed] = []
+    anchors: set[str] = set()
     for b in board:
         if b.findings and b.kind:
             # A kind's failure is its section's, not the page's (sectionfaults.py).
             got, failure = sections_or_failure(
                 sections_of, b.task_id, b.kind, {f.key: f for f in b.findings}
             )
-            sections += [(b.task_id, s) for s in got]
+            sections += [Placed(b, s, _anchor(b.task_id, anchors)) for s in got]
             if failure is not None:
                 on_failure(failure)
     out_dir.mkdir(parents=True, exist_ok=True)  # orch's own <store>.report: checked by the CLI
     files = []
     # Each file is a new one renamed into place, never an existing one opened: a link planted
     # at report.html is refused, not written through (core/safeopen.py).
-    for fig in figures + [f for _, s in sections for f in s.figures]:
+    for fig in figures + [f for p in sections for f in p.section.figures]:
         files.append(out_dir / f"{fig.name}.png")
         write_atomically(files[-1], fig.png)
     page = out_dir / "report.html"
@@ -422,6 +423,28 @@ def write_report(
     replayed = None if run_id is None else runs[0]["id"]
     write_atomically(page, _page(store, run, replayed, board, figures, sections))
     return page, files
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A kind's section on the page: under its task's own title (two analyses are told apart
+    by their tasks, not by the kind's heading), at an anchor the answers at the top link to."""
+
+    task: BoardRow
+    section: Section
+    anchor: str
+
+
+def _anchor(task_id: str, taken: set[str]) -> str:
+    """A unique HTML id for a task's section: its id in letters, digits and `._-` (a store's
+    text goes into no attribute unescaped), numbered when a kind gives one task several."""
+    base = anchor = f"task-{safe_name(task_id)}"
+    n = 1
+    while anchor in taken:
+        n += 1
+        anchor = f"{base}-{n}"
+    taken.add(anchor)
+    return anchor
 
 
 # --- Markdown, as kinds write their reports ----------------------------------------------------
@@ -478,6 +501,9 @@ pre{background:#f8f8f8;padding:1em;overflow-x:auto;font-size:12px}
 .md td.c,.md th.c{text-align:center}.md code{background:#f3f3f3;padding:0 .2em;font-size:12px}
 .md pre code{background:none;padding:0}.md blockquote{border-left:3px solid #ddd;margin-left:0;
 padding-left:1em;color:#444}.past{background:#fff6e0;border:1px solid #e8c872;padding:.5em 1em}
+.answers{background:#f3f8f5;border:1px solid #9ccfb8;padding:.2em 1em .6em}
+.answers h2{margin-top:.5em}.answers h3{font-size:1em;margin:.8em 0 .2em}.answers ul{margin:0}
+.kind{color:#555;font-size:12px;margin-top:-.4em}.headline{font-weight:600}
 """
 
 
@@ -503,13 +529,28 @@ def _finding_text(f: Finding) -> str:
     return summarize([f])  # as the board writes it: true/false, 4 significant digits
 
 
+def _answers(sections: Sequence[Placed]) -> list[str]:
+    """What the page opens with: every section's headline (a verdict, a capacity), under its
+    task's title, linked to the section; nothing when no kind gave one."""
+    answered = [p for p in sections if p.section.headline]
+    if not answered:
+        return []
+    parts = ['<div class="answers"><h2 id="answers">Answers</h2>']
+    for p in answered:
+        parts.append(f'<h3><a href="#{p.anchor}">{_e(p.task.title or p.task.task_id)}</a></h3><ul>')
+        parts += [f"<li>{_e(h)}</li>" for h in p.section.headline]
+        parts.append("</ul>")
+    parts.append("</div>")
+    return parts
+
+
 def _page(
     store: Store,
     run: RunRow,
     replayed: int | None,  # the latest run's id when the board is replayed (board_after)
     board: Sequence[BoardRow],
     figures: Sequence[Figure],
-    sections: Sequence[tuple[str, Section]],
+    sections: Sequence[Placed],
 ) -> str:
     plan = store.plan_name() or store.path.stem
     took = (
@@ -550,6 +591,7 @@ def _page(
         f"<p>started {_e(_when(run['started_at']))}, {_e(took)}; host {_e(run['host'])}; "
         f"store {_e(store.path)}; logs {_e(runs_dir(store.path) / str(run['id']))}</p>",
         *past,
+        *_answers(sections),
         *(_figure_html(f) for f in figures),
         "<h2>Board" + ("" if replayed is None else f" as run #{run['id']} left it") + "</h2>",
         '<div class="scroll"><table><tr><th>task</th><th>title</th><th>status</th>'
@@ -557,8 +599,12 @@ def _page(
         *rows,
         "</table></div>",
     ]
-    for task_id, s in sections:
-        parts.append(f'<h2 id="{_e(task_id)}">{_e(s.title)}</h2>')
+    for p in sections:
+        s, task = p.section, p.task
+        parts.append(f'<h2 id="{p.anchor}">{_e(task.title or task.task_id)}</h2>')
+        where = f"task {_e(task.task_id)}, {_e(task.kind)}"
+        parts.append(f'<p class="kind">{_e(s.title)} · {where}</p>')
+        parts += [f'<p class="headline">{_e(h)}</p>' for h in s.headline]
         parts += [f"<p>{_e(n)}</p>" for n in s.notes]
         parts += [_figure_html(f) for f in s.figures]
         if s.text:  # the kind's Markdown; its headings under this section's <h2>
