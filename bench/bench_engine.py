@@ -90,12 +90,14 @@ class Row:
     target: str = ""
 
 
-def write_plan(directory: Path, shape: str, n: int) -> Path:
-    """n no-op tasks: `chain` (each needs the previous) or `fan` (all need t0)."""
-    name = f"{shape}{n}"
+def write_plan(directory: Path, shape: str, n: int, kind: str = "python") -> Path:
+    """n no-op tasks: `chain` (each needs the previous) or `fan` (all need t0); `python`
+    (bench_noop:noop, in orch's process) or `shell` (`true`, a process each)."""
+    name = f"{shape}{n}" if kind == "python" else f"{shape}{n}-{kind}"
+    params = {"python": '{function: "bench_noop:noop"}', "shell": '{command: "true"}'}[kind]
     lines = [f"name: {name}", "tasks:"]
     for i in range(n):
-        lines += [f"  - id: t{i}", "    kind: python", '    params: {function: "bench_noop:noop"}']
+        lines += [f"  - id: t{i}", f"    kind: {kind}", f"    params: {params}"]
         if i:
             lines.append(f"    needs: t{i - 1 if shape == 'chain' else 0}")
     path = directory / f"{name}.yaml"

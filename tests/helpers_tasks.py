@@ -95,3 +95,28 @@ class GarbageReport(Reported):
     @classmethod
     def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
         return "not sections"  # type: ignore[return-value]
+
+
+class AnswerParams(BaseModel):
+    verdict: str
+
+
+class Answered(Task[AnswerParams]):
+    """Records a verdict; its report section, under a heading every task of the kind shares,
+    gives the verdict as its headline: the answer `orch report`'s page opens with."""
+
+    Params = AnswerParams
+
+    def run(self, ctx: Context) -> None:
+        ctx.finding("verdict", self.params.verdict)
+
+    @classmethod
+    def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
+        verdict = findings["verdict"].value
+        return [
+            Section(
+                "Analysis: baseline and candidates",
+                notes=(f"the details behind {verdict}",),
+                headline=(f"verdict: {verdict}", "capacity: 12 req/s"),
+            )
+        ]

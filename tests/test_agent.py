@@ -384,6 +384,7 @@ def test_a_task_report_resource_says_a_failing_kind_failed(pdir: PlanDir) -> Non
                 text = report.contents[0].text  # type: ignore[union-attr]
                 assert "reported=1" in text
                 assert "## broken: the helpers_tasks:BrokenReport section failed" in text
+                assert "- **no answer: helpers_tasks:BrokenReport.report() failed**" in text
                 assert "RuntimeError: <b>no</b> access with tok" in text
 
     drive(session)

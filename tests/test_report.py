@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from orchestrator.core.findings import Finding
+from orchestrator.kinds.sections import Section
 from orchestrator.views.report import attempts_of
+from orchestrator.views.sectionfaults import sections_or_failure
 from tasks.loadgen import BenchServe
 
 from browser import blankness, check_page
@@ -179,8 +181,68 @@ def test_a_kind_whose_report_fails_gets_its_section_said_failed_not_the_page(
         "access with ***" in html
     )
     assert "helpers_tasks:GarbageReport.report() failed: TypeError: report() returned str" in html
+    # What those tasks were run to answer is missing: the answers at the top say so.
+    top = html[: html.index("<h2>Board")]
+    for kind in ("BrokenReport", "GarbageReport"):
+        assert f"<li>no answer: helpers_tasks:{kind}.report() failed</li>" in top
     for task, kind in (("broken", "BrokenReport"), ("garbage", "GarbageReport")):
         assert f"the report section of {task} (kind helpers_tasks:{kind}) failed" in r.stderr
     assert "access with ***" in r.stderr
     failed = json.loads(r.stdout)["failed"]
     assert [f["task"] for f in failed] == ["broken", "garbage"]
+
+
+def test_the_page_opens_with_the_answers_linked_to_sections_headed_by_task_titles(
+    pdir: PlanDir, tmp_path: Path
+) -> None:
+    """Two tasks of one kind (whose sections share the kind's heading) give verdicts; the page
+    opens with both, each under its task's title and linked to its section, before the
+    timeline and the board; each section is headed by its task's title. A section with no
+    headline is not among the answers."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - {id: step, kind: shell, params: {command: "true"}}
+          - id: eagle
+            title: "EAGLE-3 against the baseline"
+            kind: "helpers_tasks:Answered"
+            needs: [step]
+            params: {verdict: "eagle3 pays: 1.31x"}
+          - id: ngram
+            title: "n-gram drafting against the baseline"
+            kind: "helpers_tasks:Answered"
+            needs: [step]
+            params: {verdict: "ngram does not pay"}
+          - {id: fine, title: "A quiet step", kind: "helpers_tasks:Reported"}
+    """)
+    env = {"PYTHONPATH": str(Path(__file__).parent)}
+    assert run_orch("run", plan, env=env).returncode == 0
+    r = run_orch("report", plan, "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    page = Path(json.loads(r.stdout)["report"])
+    text = page.read_text()
+    answers = text[text.index('<h2 id="answers">') : text.index("</div>", text.index("answers"))]
+    assert text.index('id="answers"') < text.index('alt="Timeline"') < text.index("<h2>Board")
+    for task, title, verdict in (
+        ("eagle", "EAGLE-3 against the baseline", "verdict: eagle3 pays: 1.31x"),
+        ("ngram", "n-gram drafting against the baseline", "verdict: ngram does not pay"),
+    ):
+        assert f'<h3><a href="#task-{task}">{title}</a></h3><ul>\n<li>{verdict}</li>' in answers
+        assert "<li>capacity: 12 req/s</li>" in answers
+        # The section itself: after the board, headed by the task's title at that anchor.
+        heading = f'<h2 id="task-{task}">{title}</h2>'
+        assert text.count(heading) == 1 and text.index(heading) > text.index("<h2>Board")
+    assert "A quiet step" not in answers and '<h2 id="task-fine">A quiet step</h2>' in text
+    # The kind's shared heading is under each title, not a heading of its own.
+    assert "<h2>Analysis: baseline and candidates</h2>" not in text
+    assert text.count('<p class="kind">Analysis: baseline and candidates · task ') == 2
+    check_page(page, tmp_path)  # as a real browser draws it: no error, the timeline shown
+
+
+def test_a_headline_given_as_one_string_is_the_kinds_error_not_a_line_a_letter() -> None:
+    def sections(kind: str, findings: object) -> list[Section]:
+        return [Section("Verdict", headline="pays")]  # type: ignore[arg-type]
+
+    got, failure = sections_or_failure(sections, "t", "k", {})
+    assert failure is not None and "holds something not text or PNG" in failure.error
+    assert got == [failure.section()]

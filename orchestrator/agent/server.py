@@ -296,7 +296,8 @@ def build(runbook: Runbook) -> MCPServer[Any]:
             else ([], None)
         )
         for section in sections:
-            lines += ["", f"## {section.title}", *(f"- {n}" for n in section.notes)]
+            lines += ["", f"## {section.title}", *(f"- **{h}**" for h in section.headline)]
+            lines += [f"- {n}" for n in section.notes]
             lines += [section.text] if section.text else []
             lines += [f"(figure: {fig.title})" for fig in section.figures]
         return "\n".join(lines)

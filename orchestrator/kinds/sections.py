@@ -26,10 +26,13 @@ class Section:
     """What a kind adds to the report for one task: figures, and text in Markdown (rendered
     by `markdown_html`: headings, pipe tables, lists, paragraphs, code; never raw HTML)."""
 
-    title: str
+    title: str  # the kind's heading, shown under the task's own title
     figures: Sequence[Figure] = ()
     text: str = ""  # Markdown, as the kind writes it to its log (analyze.compare's report)
     notes: Sequence[str] = field(default_factory=tuple)  # one line each, above the figures
+    # The answer a person opens the report for (a verdict, a capacity): one line each, plain
+    # text. The page gathers every section's at its top, each linked to its section.
+    headline: Sequence[str] = field(default_factory=tuple)
 
 
 def pyplot() -> Any:

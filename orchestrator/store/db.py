@@ -1240,11 +1240,18 @@ class Store:
             )
         )
 
-    def transitions(self, task_id: str | None = None, limit: int = 200) -> list[TransitionRow]:
-        where, args = ("WHERE task_id=?", (task_id,)) if task_id else ("", ())
+    def transitions(
+        self, task_id: str | None = None, limit: int = 200, run_id: int | None = None
+    ) -> list[TransitionRow]:
+        """The latest `limit` transitions, oldest first: of one task, of one run, or all."""
+        terms = [("task_id=?", task_id), ("run_id=?", run_id)]
+        chosen = [(term, arg) for term, arg in terms if arg is not None]
+        where = " AND ".join(term for term, _ in chosen)
         rows: list[TransitionRow] = _rows(
             self.conn.execute(
-                f"SELECT * FROM transitions {where} ORDER BY seq DESC LIMIT ?", (*args, limit)
+                f"SELECT * FROM transitions {'WHERE ' + where if where else ''}"
+                " ORDER BY seq DESC LIMIT ?",
+                (*(arg for _, arg in chosen), limit),
             ),
             _TRANSITION,
         )

@@ -28,7 +28,7 @@ from orchestrator.core.findings import Finding, summarize
 from orchestrator.core.safeopen import write_atomically
 from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean
-from orchestrator.kinds.sections import Figure, Section, png_of, pyplot
+from orchestrator.kinds.sections import Figure, Section, png_of, pyplot, safe_name
 from orchestrator.store.db import Store, decode, runs_dir
 from orchestrator.views.sectionfaults import SectionFailure, SectionsOf, sections_or_failure
 
@@ -85,46 +85,120 @@ def attempts_of(transitions: Sequence[TransitionRow]) -> tuple[list[Attempt], li
     return sorted(ran, key=lambda a: a.start), marks
 
 
+# A bar per task reads well up to this many rows (a figure ~14 inches tall); past it, a row
+# per task costs a tick label each and a PNG hundreds of thousands of pixels tall (8,000 tasks
+# took ~40 s), and no one reads it. Then the timeline draws the tasks that matter and says so,
+# and a histogram shows every attempt.
+TIMELINE_ROWS = 40
+
+
+def with_unlisted(order: Sequence[str], attempts: Sequence[Attempt]) -> list[str]:
+    """`order` and then any task that ran but is no longer on the board (removed from the
+    plan since): it still ran, so it gets a row."""
+    known = set(order)  # a set: `in order` on a list made this quadratic in the plan's size
+    return [*order, *dict.fromkeys(a.task_id for a in attempts if a.task_id not in known)]
+
+
+def timeline_rows(order: Sequence[str], attempts: Sequence[Attempt], limit: int) -> list[str]:
+    """The tasks the timeline draws, in plan order: all of them up to `limit`; past it, first
+    every task with an attempt that did not complete (failed, interrupted, still running: what
+    a person looks for), then the slowest by time spent in attempts, up to `limit`."""
+    if len(order) <= limit:
+        return list(order)
+    spent: dict[str, float] = {}
+    trouble: set[str] = set()
+    for a in attempts:
+        if a.end is not None:
+            spent[a.task_id] = spent.get(a.task_id, 0.0) + a.end - a.start
+        if a.outcome != Status.COMPLETED:
+            trouble.add(a.task_id)
+    ranked = sorted(spent.keys() | trouble, key=lambda t: (t not in trouble, -spent.get(t, 0.0)))
+    chosen = set(ranked[:limit])
+    return [t for t in order if t in chosen]
+
+
+def run_figures(
+    order: Sequence[str],
+    attempts: Sequence[Attempt],
+    marks: Sequence[Attempt],
+    run_start: float,
+    run_end: float | None,
+) -> list[Figure]:
+    """The run's own figures: its timeline, and past TIMELINE_ROWS tasks the durations of
+    every attempt beside a timeline of the tasks that matter (its caption says which)."""
+    order = with_unlisted(order, [*attempts, *marks])
+    if len(order) <= TIMELINE_ROWS:
+        return [timeline(order, attempts, marks, run_start, run_end)]
+    rows = timeline_rows(order, attempts, TIMELINE_ROWS)
+    shown = set(rows)
+    caption = (
+        f"{len(order)} tasks: a row each would be unreadable, so this shows {len(rows)} of them"
+        ", in plan order: every task with an attempt that did not complete, then those whose "
+        "attempts took longest. Each bar is one attempt; colour: how it ended. "
+        "durations.png shows how long every attempt of every task took."
+    )
+    return [
+        timeline(
+            rows,
+            [a for a in attempts if a.task_id in shown],
+            [m for m in marks if m.task_id in shown],
+            run_start,
+            run_end,
+            caption,
+            last_seen=_last_seen(attempts, marks, run_start),  # the whole run's axis
+        ),
+        durations(attempts),
+    ]
+
+
+def _last_seen(attempts: Sequence[Attempt], marks: Sequence[Attempt], run_start: float) -> float:
+    return max([a.end or a.start for a in attempts] + [m.start for m in marks] + [run_start])
+
+
 def timeline(
     order: Sequence[str],
     attempts: Sequence[Attempt],
     marks: Sequence[Attempt],
     run_start: float,
     run_end: float | None,
+    caption: str = "each bar is one attempt of a task; colour: how it ended; x: skipped or "
+    "blocked without running",
+    last_seen: float | None = None,
 ) -> Figure:
     """Each task's attempts as bars on the run's clock; failures in their colour, gaps between
-    attempts (retry delays, waits for preconditions) visible as gaps, skips and blocks as marks."""
+    attempts (retry delays, waits for preconditions) visible as gaps, skips and blocks as marks.
+    A row for each task of `order` (run_figures keeps them few)."""
     plt = pyplot()
-    # A task the plan no longer has (its row gone from the board) still ran: it gets a row.
-    order = [
-        *order,
-        *dict.fromkeys(a.task_id for a in [*attempts, *marks] if a.task_id not in order),
-    ]
+    order = with_unlisted(order, [*attempts, *marks])
     rows = {task: i for i, task in enumerate(order)}
-    last_seen = max([a.end or a.start for a in attempts] + [m.start for m in marks] + [run_start])
+    if last_seen is None:
+        last_seen = _last_seen(attempts, marks, run_start)
     # The axis is the run's length, however short (a 0.1 s run is not drawn on a 1 s axis); a
     # run with no recorded end (running, or died) lasts until the last thing it recorded.
     span = max((run_end or last_seen) - run_start, last_seen - run_start, 1e-3)
     # One more row's height for the legend above the plot (outside it: it hides nothing).
     fig, ax = plt.subplots(figsize=(9, 0.9 + 0.32 * max(len(rows), 1)))
-    for a in attempts:
-        stop = a.end if a.end is not None else run_start + span
+    if attempts:  # one call for every bar: a call per bar costs ~1.5 ms
         ax.barh(
-            rows[a.task_id],
-            max(stop - a.start, span * 0.003),
-            left=a.start - run_start,
-            color=OUTCOME_COLOURS.get(a.outcome, "#000000"),
+            [rows[a.task_id] for a in attempts],
+            [
+                max((a.end if a.end is not None else run_start + span) - a.start, span * 0.003)
+                for a in attempts
+            ],
+            left=[a.start - run_start for a in attempts],
+            color=[OUTCOME_COLOURS.get(a.outcome, "#000000") for a in attempts],
             edgecolor="black",
             linewidth=0.4,
             height=0.6,
         )
-    for m in marks:
+    for outcome in dict.fromkeys(m.outcome for m in marks):
+        these = [m for m in marks if m.outcome == outcome]
         ax.plot(
-            m.start - run_start,
-            rows[m.task_id],
+            [m.start - run_start for m in these],
+            [rows[m.task_id] for m in these],
             marker="x",
             linestyle="",
-            color=OUTCOME_COLOURS[m.outcome],
+            color=OUTCOME_COLOURS[outcome],
             markersize=7,
         )
     ax.set_yticks(range(len(order)), order, fontsize=8)
@@ -132,26 +206,65 @@ def timeline(
     ax.set_xlabel("seconds since the run started")
     ax.set_xlim(0, span * 1.02)
     ax.grid(axis="x", alpha=0.3)
-    shown = [s for s in OUTCOME_COLOURS if s in {a.outcome for a in [*attempts, *marks]}]
+    _outcome_legend(ax, [a.outcome for a in [*attempts, *marks]])
+    fig.tight_layout()
+    return Figure("timeline", "Timeline", png_of(fig), caption)
+
+
+def durations(attempts: Sequence[Attempt]) -> Figure:
+    """How long every attempt that ended took, as a histogram coloured by how it ended: the
+    whole run at a size that does not grow with the plan."""
+    plt = pyplot()
+    took: dict[str, list[float]] = {}  # by how the attempt ended
+    for a in attempts:
+        if a.end is not None:
+            took.setdefault(a.outcome, []).append(max(a.end - a.start, 1e-6))
+    every = [t for ts in took.values() for t in ts]
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    low, high = min(every, default=1e-3), max(every, default=1.0)
+    # Tasks of one plan may take 10 ms or an hour: log-spaced bins keep both visible.
+    spread = high / low > 20
+    bins: Any = [low * (high / low) ** (i / 30) for i in range(31)] if spread else 30
+    if spread:
+        ax.set_xscale("log")
+    outcomes = [s for s in OUTCOME_COLOURS if s in took]
+    if outcomes:
+        ax.hist(
+            [took[s] for s in outcomes],
+            bins=bins,
+            stacked=True,
+            color=[OUTCOME_COLOURS[s] for s in outcomes],
+        )
+    ax.set_xlabel("seconds an attempt took" + (" (log scale)" if spread else ""))
+    ax.set_ylabel("attempts")
+    ax.grid(axis="y", alpha=0.3)
+    _outcome_legend(ax, outcomes)
+    fig.tight_layout()
+    return Figure(
+        "durations",
+        "Attempt durations",
+        png_of(fig),
+        f"how long each of the run's {len(every)} ended attempts took, every task; "
+        "colour: how it ended",
+    )
+
+
+def _outcome_legend(ax: Any, outcomes: Sequence[str]) -> None:
+    """The colours of `outcomes`' legend above the axes, in one row: never over a bar or a
+    mark."""
+    plt = pyplot()
+    shown = [s for s in OUTCOME_COLOURS if s in set(outcomes)]
     if shown:
         ax.legend(
             [plt.Rectangle((0, 0), 1, 1, color=OUTCOME_COLOURS[s]) for s in shown],
             [str(s).replace("_", " ") for s in shown],
             loc="lower left",
-            bbox_to_anchor=(0.0, 1.0),  # above the axes, in one row: never over a bar or a mark
+            bbox_to_anchor=(0.0, 1.0),
             ncol=len(shown),
             fontsize=7,
             frameon=False,
             borderaxespad=0.3,
         )
-    fig.tight_layout()
-    return Figure(
-        "timeline",
-        "Timeline",
-        png_of(fig),
-        "each bar is one attempt of a task; colour: how it ended; x: skipped or "
-        "blocked without running",
-    )
 
 
 # --- the board: now, or as a past run left it --------------------------------------------------
@@ -280,28 +393,29 @@ def write_report(
     # No --run: today's board (edits since the latest run included, as `orch status` shows);
     # --run N: the board as N left it, not today's under N's title.
     board = board_now(store) if run_id is None else board_after(store, run)
-    moves = [t for t in store.transitions(limit=10_000_000) if t["run_id"] == run["id"]]
+    moves = store.transitions(run_id=run["id"], limit=_EVERY_ROW)  # this run's alone
     ran, marks = attempts_of(moves)
     figures = (
-        [timeline([b.task_id for b in board], ran, marks, run["started_at"], run["ended_at"])]
+        run_figures([b.task_id for b in board], ran, marks, run["started_at"], run["ended_at"])
         if moves
         else []
     )
-    sections = []
+    sections: list[Placed] = []
+    anchors: set[str] = set()
     for b in board:
         if b.findings and b.kind:
             # A kind's failure is its section's, not the page's (sectionfaults.py).
             got, failure = sections_or_failure(
                 sections_of, b.task_id, b.kind, {f.key: f for f in b.findings}
             )
-            sections += [(b.task_id, s) for s in got]
+            sections += [Placed(b, s, _anchor(b.task_id, anchors)) for s in got]
             if failure is not None:
                 on_failure(failure)
     out_dir.mkdir(parents=True, exist_ok=True)  # orch's own <store>.report: checked by the CLI
     files = []
     # Each file is a new one renamed into place, never an existing one opened: a link planted
     # at report.html is refused, not written through (core/safeopen.py).
-    for fig in figures + [f for _, s in sections for f in s.figures]:
+    for fig in figures + [f for p in sections for f in p.section.figures]:
         files.append(out_dir / f"{fig.name}.png")
         write_atomically(files[-1], fig.png)
     page = out_dir / "report.html"
@@ -309,6 +423,28 @@ def write_report(
     replayed = None if run_id is None else runs[0]["id"]
     write_atomically(page, _page(store, run, replayed, board, figures, sections))
     return page, files
+
+
+@dataclass(frozen=True)
+class Placed:
+    """A kind's section on the page: under its task's own title (two analyses are told apart
+    by their tasks, not by the kind's heading), at an anchor the answers at the top link to."""
+
+    task: BoardRow
+    section: Section
+    anchor: str
+
+
+def _anchor(task_id: str, taken: set[str]) -> str:
+    """A unique HTML id for a task's section: its id in letters, digits and `._-` (a store's
+    text goes into no attribute unescaped), numbered when a kind gives one task several."""
+    base = anchor = f"task-{safe_name(task_id)}"
+    n = 1
+    while anchor in taken:
+        n += 1
+        anchor = f"{base}-{n}"
+    taken.add(anchor)
+    return anchor
 
 
 # --- Markdown, as kinds write their reports ----------------------------------------------------
@@ -365,6 +501,9 @@ pre{background:#f8f8f8;padding:1em;overflow-x:auto;font-size:12px}
 .md td.c,.md th.c{text-align:center}.md code{background:#f3f3f3;padding:0 .2em;font-size:12px}
 .md pre code{background:none;padding:0}.md blockquote{border-left:3px solid #ddd;margin-left:0;
 padding-left:1em;color:#444}.past{background:#fff6e0;border:1px solid #e8c872;padding:.5em 1em}
+.answers{background:#f3f8f5;border:1px solid #9ccfb8;padding:.2em 1em .6em}
+.answers h2{margin-top:.5em}.answers h3{font-size:1em;margin:.8em 0 .2em}.answers ul{margin:0}
+.kind{color:#555;font-size:12px;margin-top:-.4em}.headline{font-weight:600}
 """
 
 
@@ -390,13 +529,28 @@ def _finding_text(f: Finding) -> str:
     return summarize([f])  # as the board writes it: true/false, 4 significant digits
 
 
+def _answers(sections: Sequence[Placed]) -> list[str]:
+    """What the page opens with: every section's headline (a verdict, a capacity), under its
+    task's title, linked to the section; nothing when no kind gave one."""
+    answered = [p for p in sections if p.section.headline]
+    if not answered:
+        return []
+    parts = ['<div class="answers"><h2 id="answers">Answers</h2>']
+    for p in answered:
+        parts.append(f'<h3><a href="#{p.anchor}">{_e(p.task.title or p.task.task_id)}</a></h3><ul>')
+        parts += [f"<li>{_e(h)}</li>" for h in p.section.headline]
+        parts.append("</ul>")
+    parts.append("</div>")
+    return parts
+
+
 def _page(
     store: Store,
     run: RunRow,
     replayed: int | None,  # the latest run's id when the board is replayed (board_after)
     board: Sequence[BoardRow],
     figures: Sequence[Figure],
-    sections: Sequence[tuple[str, Section]],
+    sections: Sequence[Placed],
 ) -> str:
     plan = store.plan_name() or store.path.stem
     took = (
@@ -437,6 +591,7 @@ def _page(
         f"<p>started {_e(_when(run['started_at']))}, {_e(took)}; host {_e(run['host'])}; "
         f"store {_e(store.path)}; logs {_e(runs_dir(store.path) / str(run['id']))}</p>",
         *past,
+        *_answers(sections),
         *(_figure_html(f) for f in figures),
         "<h2>Board" + ("" if replayed is None else f" as run #{run['id']} left it") + "</h2>",
         '<div class="scroll"><table><tr><th>task</th><th>title</th><th>status</th>'
@@ -444,8 +599,12 @@ def _page(
         *rows,
         "</table></div>",
     ]
-    for task_id, s in sections:
-        parts.append(f'<h2 id="{_e(task_id)}">{_e(s.title)}</h2>')
+    for p in sections:
+        s, task = p.section, p.task
+        parts.append(f'<h2 id="{p.anchor}">{_e(task.title or task.task_id)}</h2>')
+        where = f"task {_e(task.task_id)}, {_e(task.kind)}"
+        parts.append(f'<p class="kind">{_e(s.title)} · {where}</p>')
+        parts += [f'<p class="headline">{_e(h)}</p>' for h in s.headline]
         parts += [f"<p>{_e(n)}</p>" for n in s.notes]
         parts += [_figure_html(f) for f in s.figures]
         if s.text:  # the kind's Markdown; its headings under this section's <h2>

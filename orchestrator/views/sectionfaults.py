@@ -37,6 +37,8 @@ class SectionFailure:
         return Section(
             f"{self.task_id}: the {self.kind} section failed",
             notes=(f"{self.kind}.report() failed: {self.error}",),
+            # Among the answers at the top: whatever this task was run to answer is missing.
+            headline=(f"no answer: {self.kind}.report() failed",),
         )
 
 
@@ -59,8 +61,11 @@ def _checked(got: object) -> list[Section]:
     for s in sections:
         if not isinstance(s, Section):
             raise TypeError(f"report() returned a {type(s).__name__} among its sections")
-        if not isinstance(s.text, str) or not all(
-            isinstance(f, Figure) and isinstance(f.png, bytes) for f in s.figures
+        if (
+            not isinstance(s.text, str)
+            or not all(isinstance(f, Figure) and isinstance(f.png, bytes) for f in s.figures)
+            or isinstance(s.headline, str)  # one line per item: a str would be one a letter
+            or not all(isinstance(h, str) for h in s.headline)
         ):
             raise TypeError(f"report()'s section {s.title!r} holds something not text or PNG")
     return sections
