@@ -2070,7 +2070,17 @@ class AnalyzeCompare(Task[CompareParams]):
                 text = Path(str(md.value)).read_text()
             except OSError as exc:
                 notes.append(f"{md.value}: cannot be read ({exc.strerror})")
-        return (Section("Analysis: baseline and candidates", figures, text, tuple(notes)),)
+        # The answers the page opens with: each candidate's verdict, capacity first when lower.
+        verdicts = tuple(
+            f"{key.removesuffix('.verdict')}: {f.value}"
+            for key, f in findings.items()
+            if key.endswith(".verdict")
+        )
+        return (
+            Section(
+                "Analysis: baseline and candidates", figures, text, tuple(notes), headline=verdicts
+            ),
+        )
 
 
 def _document(source: Result | str) -> dict[str, Any]:

@@ -746,8 +746,11 @@ def test_capacity_of_the_field_reports_capped_eagle3_leads_the_verdict(tmp_path:
     assert "- **Capacity.** Capacity 0.36x: peak 849 tok/s" in md
     # The HTML report's section is that Markdown: the same cell.
     (tmp_path / "an.md").write_text(md)
-    (section,) = AnalyzeCompare.report({"report": Finding("report", str(tmp_path / "an.md"))})
+    (section,) = AnalyzeCompare.report({"report": Finding("report", str(tmp_path / "an.md")), **f})
     assert f"<td>{cell}</td>" in markdown_html(section.text)
+    # The page opens with it: the verdict, capacity first, is the section's answer.
+    assert section.headline == (f"aq_medai: {v.verdict}",)
+    assert section.headline[0].startswith("aq_medai: capacity 0.36x: 849 against 2370 tok/s")
 
 
 def test_a_capped_level_without_a_baseline_level_has_its_capacity() -> None:
