@@ -438,7 +438,7 @@ def doit_rows(tmp: Path, reps: int, orchs: dict[str, str], with_doit: bool = Tru
     doits = [f"doit {check}" for check in DOIT_CHECKS] if with_doit else []
     here, *others = orchs
     run_of: dict[tuple[str, int], list[str]] = {}
-    listing: dict[str, list[str]] = {}
+    listing: dict[tuple[str, int], list[str]] = {}
     clear: dict[tuple[str, int], Thunk] = {}
     for n in (1000, BIG):
         plan = write_plan(folder, "chain", n)
@@ -447,7 +447,7 @@ def doit_rows(tmp: Path, reps: int, orchs: dict[str, str], with_doit: bool = Tru
             dodo.parent.mkdir()
             dodo.write_text(DODO.format(n=n, check=check, uptodate=DOIT_CHECKS[check]))
             at = ["-f", str(dodo), "--dir", str(dodo.parent)]
-            run_of[tool, n], listing[tool] = (
+            run_of[tool, n], listing[tool, n] = (
                 [*doit, "run", *at],
                 [*doit, "list", "--all", "--status", *at],
             )
@@ -455,7 +455,7 @@ def doit_rows(tmp: Path, reps: int, orchs: dict[str, str], with_doit: bool = Tru
         for i, (tool, orch) in enumerate(orchs.items()):
             store = folder / f"orch{i}-{n}.db"
             run_of[tool, n] = [orch, "run", str(plan), "-q", "--store", str(store)]
-            listing[tool] = [orch, "status", str(plan), "--store", str(store)]
+            listing[tool, n] = [orch, "status", str(plan), "--store", str(store)]
             clear[tool, n] = fresh(store)
         if with_doit:  # the design's fixed parts alone (FLOOR)
             floor = folder / f"floor{n}.db"
@@ -477,7 +477,9 @@ def doit_rows(tmp: Path, reps: int, orchs: dict[str, str], with_doit: bool = Tru
     for tool in finished:  # the chains of 1000 finished: what a re-run and a listing face
         proc(run_of[tool, 1000])()
     rerun = dict(zip(finished, interleaved([run_of[t, 1000] for t in finished], reps), strict=True))
-    status = dict(zip(finished, interleaved([listing[t] for t in finished], reps), strict=True))
+    status = dict(
+        zip(finished, interleaved([listing[t, 1000] for t in finished], reps), strict=True)
+    )
 
     section = "vs doit" if with_doit else f"vs {', '.join(others)}"
     rows: list[Row] = []
