@@ -1,7 +1,7 @@
 """Engine benchmark: executor overhead per task, re-run cost, and `orch status` start-up,
 against doit and DBOS measured in the same run.
 
-    python bench/bench_engine.py [--quick] [--no-doit] [--json PATH]
+    python bench/bench_engine.py [--quick] [--no-doit] [--against REV] [--json PATH]
 
 Every figure is measured in this run, next to `python -c pass` on the same machine, so ratios
 transfer across machines. Plans of no-op `python` tasks (bench_noop:noop) are written to a temp
@@ -11,8 +11,14 @@ alone: a task's start together with the previous task's completion), measured be
 doit (the fastest durable-ish runner we know; it writes its state once, at the end) is
 installed into the benchmark's own environment, bench/.doit-venv (pip, once), never into
 orch's: the same 1000-task chain of no-op Python actions as a dodo.py, run, re-run when every
-task is up to date, and listed with `doit list --all --status`. The three ratios orch/doit
-close the output (issue 12's targets: at most 1.5, 0.5 and 1.0).
+task is up to date, and listed with `doit list --all --status`, each with two up-to-date checks
+(`run_once`, the cheapest, and `config_changed`). orch's ratios are to the faster of the two
+for each figure, the row naming it (issue 12's targets: at most 1.5, 0.5 and 1.0).
+
+--against REV adds orch at commit REV (a git worktree of it in the temp dir with its own venv,
+`pip install -e .` as this tree's; removed after) to those figures, run interleaved with this
+tree's: `ratio orch/orch@REV` above 1 says this tree is slower. With --no-doit, only the two
+orchs are compared there: the quick regression guard.
 
 doit records nothing until the end; the peers for a record committed before each side effect
 are durable-execution engines. DBOS Transact (its own environment, bench/.dbos-venv) runs the
@@ -37,8 +43,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
-from contextlib import closing
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import ExitStack, closing, contextmanager
 from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
@@ -128,13 +134,18 @@ def proc(argv: Sequence[str]) -> Thunk:
     return run
 
 
-def round_robin(commands: Sequence[Sequence[str]], reps: int) -> list[float]:
-    """Median seconds of each command, run in turn so that drift hits all alike."""
+def interleaved(commands: Sequence[Sequence[str]], reps: int) -> list[list[float]]:
+    """Seconds of each command, reps times, run in turn so that drift hits all alike."""
     samples: list[list[float]] = [[] for _ in commands]
     for _ in range(reps):
         for i, argv in enumerate(commands):
             samples[i].append(timed(proc(argv)))
-    return [statistics.median(s) for s in samples]
+    return samples
+
+
+def round_robin(commands: Sequence[Sequence[str]], reps: int) -> list[float]:
+    """Median seconds of each command, run in turn (interleaved)."""
+    return [statistics.median(s) for s in interleaved(commands, reps)]
 
 
 def executes(plan: Plan, store: Path) -> Thunk:
@@ -244,8 +255,12 @@ c.execute("UPDATE todos SET status='completed' WHERE id=?", (done[0][0],))
 DOIT_VERSION = "0.37.0"
 BIG = 3000  # the long chain of the marginal per-task figure: 2000 tasks more than 1000
 DOIT_VENV = BENCH_DIR / ".doit-venv"
+# doit's two up-to-date checks that skip a task once it ran: `run_once` (the cheapest: a
+# saved flag) and `config_changed` (a saved value compared at each run). orch is held against
+# the faster of them.
+DOIT_CHECKS = {"run_once": "run_once", "config_changed": 'config_changed("v1")'}
 DODO = """
-from doit.tools import config_changed
+from doit.tools import {check}
 
 
 def noop():
@@ -260,7 +275,7 @@ def task_t():
             "task_dep": [f"t:t{{i - 1}}"] if i else [],
             # Not done until run once (saved state), then up to date: a re-run skips it.
             # (`uptodate: [True]` alone would skip it from the first run on.)
-            "uptodate": [config_changed("v1")],
+            "uptodate": [{uptodate}],
             "verbosity": 0,
         }}
 """
@@ -309,15 +324,18 @@ os._exit(0)  # recorded already; DBOS.destroy() would join its queue threads for
 """
 
 
+def venv_python(venv: Path, *install: str) -> Path:
+    """The python of `venv`, made on first use with `pip install -q *install`."""
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "-q", *install], check=True)
+    return python
+
+
 def dbos_python() -> str:
     """The benchmark's own DBOS environment, made on first use."""
-    python = DBOS_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(DBOS_VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"dbos=={DBOS_VERSION}"], check=True
-        )
-    return str(python)
+    return str(venv_python(DBOS_VENV, f"dbos=={DBOS_VERSION}"))
 
 
 def dbos_rows(
@@ -382,112 +400,125 @@ def _unlink_all(folder: Path, pattern: str) -> None:
 
 def doit_command() -> list[str]:
     """`python -m doit` of the benchmark's own environment, made on first use."""
-    python = DOIT_VENV / "bin" / "python"
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(DOIT_VENV)], check=True)
-        subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"doit=={DOIT_VERSION}"], check=True
-        )
-    return [str(python), "-m", "doit"]
+    return [str(venv_python(DOIT_VENV, f"doit=={DOIT_VERSION}")), "-m", "doit"]
 
 
-def doit_rows(
-    tmp: Path, reps: int, orch_run: list[str], orch_status: list[str], clear_store: Thunk
-) -> list[Row]:
-    """doit and orch side by side, each figure's commands interleaved (drift hits both).
+@contextmanager
+def orch_of(rev: str, tmp: Path) -> Iterator[tuple[str, str]]:
+    """(label, path of its `orch`) for commit `rev` of this repository: a git worktree in
+    `tmp` with its own venv, built as this tree's (`pip install -e .`, bytecode written);
+    the worktree is removed after."""
+    root = BENCH_DIR.parent
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", rev], check=True,
+                         capture_output=True, text=True).stdout.strip()  # fmt: skip
+    tree = tmp / f"orch-{sha}"
+    subprocess.run(["git", "-C", str(root), "worktree", "add", "-q", "--detach", str(tree), sha],
+                   check=True)  # fmt: skip
+    try:
+        python = venv_python(tree / ".venv", "-e", str(tree))
+        compile_sources(tree)
+        yield f"orch@{sha}", str(python.with_name("orch"))
+    finally:
+        subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force", str(tree)],
+                       check=True)  # fmt: skip
+
+
+def doit_rows(tmp: Path, reps: int, orchs: dict[str, str], with_doit: bool = True) -> list[Row]:
+    """orch (each of `orchs`: label -> its `orch`, this tree's first) beside doit, run both
+    ways (DOIT_CHECKS), every figure's commands interleaved (drift hits all alike).
 
     Per task, two figures: the whole run of the 1000-task chain less `python -c pass` (what
     start-up costs, imports and all, spread over the tasks), and the marginal cost of a task:
     (run of 3000 - run of 1000) / 2000, start-up cancelled out. The issue's figures (orch 0.284,
-    doit 0.109 ms) are the marginal kind: doit's whole-run figure is ~0.135 ms here, its slope
-    ~0.10 ms. The target (1.5x) is judged on the marginal figure; both are printed."""
-    doit = doit_command()
-    ms = 1000.0
-    at: dict[int, list[str]] = {}
-    orch_at: dict[int, list[str]] = {1000: orch_run}
-    clears: dict[str, Thunk] = {}
-    floor_at: dict[int, list[str]] = {}  # the design's fixed parts alone (FLOOR)
+    doit 0.109 ms) are the marginal kind. Then the re-run of the finished chain of 1000 and its
+    listing. orch's ratios are to the faster doit of each figure (the row names it), the
+    target (1.5x) of the per-task one judged on the marginal figure; another orch's to this
+    tree's (this tree / it: above 1, this tree is slower)."""
+    ms, folder = 1000.0, tmp / "peers"
+    folder.mkdir()
+    doit = doit_command() if with_doit else []
+    doits = [f"doit {check}" for check in DOIT_CHECKS] if with_doit else []
+    here, *others = orchs
+    run_of: dict[tuple[str, int], list[str]] = {}
+    listing: dict[tuple[str, int], list[str]] = {}
+    clear: dict[tuple[str, int], Thunk] = {}
     for n in (1000, BIG):
-        folder = tmp / f"doit{n}"
-        folder.mkdir()
-        dodo = folder / "dodo.py"
-        dodo.write_text(DODO.format(n=n))
-        at[n] = ["-f", str(dodo), "--dir", str(folder)]
-        clears[f"doit{n}"] = partial(_unlink_all, folder, ".doit.db*")
-        floor = tmp / f"floor{n}.db"
-        floor_at[n] = [PYTHON, "-c", FLOOR, str(tmp / f"chain{n}.yaml"), str(floor)]
-        clears[f"floor{n}"] = fresh(floor)
-    plan_big, store_big = write_plan(tmp, "chain", BIG), tmp / f"chain{BIG}-vs-doit.db"
-    orch_at[BIG] = [ORCH, "run", str(plan_big), "-q", "--store", str(store_big)]
-    clears["orch1000"], clears[f"orch{BIG}"] = clear_store, fresh(store_big)
-
+        plan = write_plan(folder, "chain", n)
+        for tool, check in zip(doits, DOIT_CHECKS, strict=False):
+            dodo = folder / f"{check}{n}" / "dodo.py"
+            dodo.parent.mkdir()
+            dodo.write_text(DODO.format(n=n, check=check, uptodate=DOIT_CHECKS[check]))
+            at = ["-f", str(dodo), "--dir", str(dodo.parent)]
+            run_of[tool, n], listing[tool, n] = (
+                [*doit, "run", *at],
+                [*doit, "list", "--all", "--status", *at],
+            )
+            clear[tool, n] = partial(_unlink_all, dodo.parent, ".doit.db*")
+        for i, (tool, orch) in enumerate(orchs.items()):
+            store = folder / f"orch{i}-{n}.db"
+            run_of[tool, n] = [orch, "run", str(plan), "-q", "--store", str(store)]
+            listing[tool, n] = [orch, "status", str(plan), "--store", str(store)]
+            clear[tool, n] = fresh(store)
+        if with_doit:  # the design's fixed parts alone (FLOOR)
+            floor = folder / f"floor{n}.db"
+            run_of["fixed parts", n] = [PYTHON, "-c", FLOOR, str(plan), str(floor)]
+            clear["fixed parts", n] = fresh(floor)
+    tools = list(dict.fromkeys(tool for tool, _ in run_of))
     passes: list[float] = []
     runs: dict[tuple[str, int], list[float]] = {}
     for _ in range(reps):
         passes.append(timed(proc([PYTHON, "-c", "pass"])))
-        for n in (1000, BIG):
-            for tool, argv in (
-                ("doit", [*doit, "run", *at[n]]),
-                ("orch", orch_at[n]),
-                ("floor", floor_at[n]),
-            ):
-                clears[f"{tool}{n}"]()
-                runs.setdefault((tool, n), []).append(timed(proc(argv)))
+        for key, argv in run_of.items():
+            clear[key]()
+            runs.setdefault(key, []).append(timed(proc(argv)))
     pass_s = statistics.median(passes)
     med = {k: statistics.median(v) for k, v in runs.items()}
-    tools = ("doit", "orch", "floor")
     whole = {tool: (med[tool, 1000] - pass_s) / 1000 for tool in tools}
     marginal = {tool: (med[tool, BIG] - med[tool, 1000]) / (BIG - 1000) for tool in tools}
-    at_1000 = at[1000]
-    proc([*doit, "run", *at_1000])()  # both finished: what a re-run and a listing face
-    proc(orch_run)()
-    rerun = dict(
-        zip(("doit", "orch"), round_robin([[*doit, "run", *at_1000], orch_run], reps), strict=True)
-    )
-    listing = dict(
-        zip(
-            ("doit", "orch"),
-            round_robin([[*doit, "list", "--all", "--status", *at_1000], orch_status], reps),
-            strict=True,
-        )
+    finished = [t for t in tools if t != "fixed parts"]
+    for tool in finished:  # the chains of 1000 finished: what a re-run and a listing face
+        proc(run_of[tool, 1000])()
+    rerun = dict(zip(finished, interleaved([run_of[t, 1000] for t in finished], reps), strict=True))
+    status = dict(
+        zip(finished, interleaved([listing[t, 1000] for t in finished], reps), strict=True)
     )
 
-    def pair(label: str, doit_label: str, orch_label: str, figures: dict[str, float], unit: str,
-             target: str) -> list[Row]:  # fmt: skip
-        return [
-            Row("vs doit", doit_label, figures["doit"] * ms, unit),
-            Row("vs doit", orch_label, figures["orch"] * ms, unit),
-            Row("vs doit", f"  ratio orch/doit, {label}", figures["orch"] / figures["doit"], "x",
-                target=target),
-        ]  # fmt: skip
+    section = "vs doit" if with_doit else f"vs {', '.join(others)}"
+    rows: list[Row] = []
+    for label, samples, figures, unit, target in (
+        (f"per task, marginal: ({BIG} - 1000 chain) / {BIG - 1000}", {}, marginal, "ms/task",
+         "≤1.5"),
+        ("per task, whole run of 1000 less python -c pass", {}, whole, "ms/task", ""),
+        ("re-run of the finished chain of 1000", rerun, None, "ms", "≤0.5"),
+        ("status of it (doit: list --all --status)", status, None, "ms", "≤0.5"),
+    ):  # fmt: skip
+        figures = figures or {t: statistics.median(s) for t, s in samples.items()}
+        rows += [Row(section, f"{t}, {label}", figures[t] * ms, unit,
+                     reference=f"min {min(samples[t]) * ms:.1f}" if samples else "")
+                 for t in figures]  # fmt: skip
+        if doits:
+            fast = min(doits, key=figures.__getitem__)
+            rows.append(Row(section, f"  ratio {here}/{fast}", figures[here] / figures[fast], "x",
+                            target=target))  # fmt: skip
+            if figures is marginal:
+                rows.append(Row(section, f"  ratio fixed parts/{fast}",
+                                figures["fixed parts"] / figures[fast], "x"))  # fmt: skip
+        rows += [Row(section, f"  ratio {here}/{other}", figures[here] / figures[other], "x",
+                     reference="above 1: this tree is slower") for other in others]  # fmt: skip
+    return rows
 
-    return [
-        *pair("per task", f"doit {DOIT_VERSION}, marginal: ({BIG} - 1000 chain) / {BIG - 1000}",
-              f"orch, marginal: ({BIG} - 1000 chain) / {BIG - 1000}", marginal, "ms/task", "≤1.5"),
-        Row("vs doit", "  the design's fixed parts alone, marginal", marginal["floor"] * ms,
-            "ms/task"),
-        Row("vs doit", "  ratio fixed parts/doit, per task", marginal["floor"] / marginal["doit"],
-            "x"),
-        *pair("whole run / n", "doit run - python -c pass, chain of 1000 / 1000",
-              "orch run - python -c pass, chain of 1000 / 1000", whole, "ms/task", ""),
-        *pair("re-run", "doit run, everything up to date", "orch run, finished plan unchanged",
-              rerun, "ms", "≤0.5"),
-        *pair("status", "doit list --all --status", "orch status PLAN", listing, "ms", "≤1.0"),
-    ]  # fmt: skip
 
-
-def compile_sources() -> None:
+def compile_sources(root: Path = BENCH_DIR.parent) -> None:
     """Write orch's bytecode, as pip does for an installed package (doit's in its venv): an
     editable install run under PYTHONDONTWRITEBYTECODE=1 would compile every module at every
     start, which no installed tool pays."""
     import compileall
 
-    root = BENCH_DIR.parent
     for package in ("orchestrator", "tasks", "probes", "bench"):
         compileall.compile_dir(str(root / package), quiet=1)
 
 
-def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
+def bench(tmp: Path, quick: bool, with_doit: bool = True, against: str | None = None) -> list[Row]:
     compile_sources()
     reps_exec, reps_proc, reps_rerun, reps_cli = (1, 2, 3, 5) if quick else (3, 5, 7, 15)
     sys.path.insert(0, str(BENCH_DIR))
@@ -632,11 +663,18 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True) -> list[Row]:
             Row("cli start", label, s * ms, "ms", s / times[0], s / times[1], reference, target)
         )
 
-    # 4. doit and DBOS beside orch, in this run.
+    # 4. DBOS beside orch; 5. doit, and with --against REV that tree, last: their ratios
+    # close the output.
     if with_doit:
         status = [ORCH, "status", str(path), "--store", str(store)]
-        rows += doit_rows(tmp, reps_proc, rerun, status, fresh(store))
         rows += dbos_rows(tmp, reps_proc, rerun, status, fresh(store))
+    with ExitStack() as stack:
+        orchs = {"orch": ORCH}
+        if against:
+            label, other = stack.enter_context(orch_of(against, tmp))
+            orchs[label] = other
+        if with_doit or against:
+            rows += doit_rows(tmp, reps_proc, orchs, with_doit)
     return rows
 
 
@@ -652,8 +690,9 @@ def render(rows: list[Row], quick: bool) -> str:
             " (as pip writes an installed package's); other modules without it compile at"
             " every start"
         )
+    width = max(44, *(len(r.figure) for r in rows))
     head = (
-        f"{'figure':<44} {'value':>8} {'unit':<7} {'/pass':>5} {'/bare':>5}  {'target':<11}"
+        f"{'figure':<{width}} {'value':>8} {'unit':<7} {'/pass':>5} {'/bare':>5}  {'target':<11}"
         " reference (issue, its machine)"
     )
     section = ""
@@ -671,7 +710,7 @@ def render(rows: list[Row], quick: bool) -> str:
             else f"{r.value:.1f}"
         )
         out.append(
-            f"{r.figure:<44} {value:>8} {r.unit:<7} {ratio:>5} {bare:>5}  {r.target:<11}"
+            f"{r.figure:<{width}} {value:>8} {r.unit:<7} {ratio:>5} {bare:>5}  {r.target:<11}"
             f" {r.reference}".rstrip()
         )
     out.append(
@@ -686,9 +725,15 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions (CI smoke)")
     parser.add_argument("--json", type=Path, metavar="PATH", help="also write results as JSON")
     parser.add_argument("--no-doit", action="store_true", help="skip the doit and DBOS comparisons")
+    parser.add_argument(
+        "--against",
+        metavar="REV",
+        help="also run orch's figures for commit REV (a git worktree and venv made for the run;"
+        " interleaved with this tree's): a ratio above 1 says this tree is slower",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="orch-bench-") as tmp:
-        rows = bench(Path(tmp), args.quick, not args.no_doit)
+        rows = bench(Path(tmp), args.quick, not args.no_doit, args.against)
     print(render(rows, args.quick))
     if args.json:
         args.json.write_text(

@@ -189,15 +189,26 @@ class Runbook:
         return take(self.store_path, self._plan, None, warn)
 
     def _cached_status(self, warn: Callable[[str], None]) -> Snapshot | None:
+        """The board with what the last run found stale, if that still holds: one open of the
+        store, with its checks, for both (a store that fails them: the full path says why)."""
         from orchestrator.run.stale import cached_stale
-        from orchestrator.views.snapshot import take
+        from orchestrator.store.db import Store
+        from orchestrator.views.snapshot import take_open
 
         digest, guess = self._digest, self._guess
-        stale = cached_stale(guess, digest) if digest and guess else None
-        if guess is None or stale is None:
+        if not (digest and guess and guess.exists()):
             return None
-        self._store_path = self._store_path or guess
-        return take(guess, None, stale, warn)
+        try:
+            store = Store.open(guess, create=False)
+        except StoreError:
+            return None
+        try:
+            if (stale := cached_stale(store, digest)) is None:
+                return None
+            self._store_path = self._store_path or guess
+            return take_open(store, None, stale, warn)
+        finally:
+            store.close()
 
     def _store_despite(self, exc: PlanError, warn: Callable[[str], None]) -> Path:
         """The store of a plan that does not load, found as the fast path guesses it; `exc`

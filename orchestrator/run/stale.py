@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from contextlib import closing
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.core.errors import OrchError
@@ -33,19 +31,15 @@ def remember_stale(store: Store, plan: Plan, digest: str | None) -> None:
     store.set_meta(STALE_KEY, json.dumps(value))
 
 
-def cached_stale(path: Path, digest: str) -> dict[str, Any] | None:
-    """What is stale, if the last run's answer still holds for this plan digest; else None."""
-    if not path.exists():
-        return None
-    # A peek, not an open: the board read next opens the store with every check, once (a
-    # damaged or older store read here only sends status down the full path, which says so).
+def cached_stale(store: Store, digest: str) -> dict[str, Any] | None:
+    """What is stale, if the last run's answer still holds for this plan digest; else None.
+    `store`: opened with its checks, for the board read next from the same connection."""
     try:
-        with closing(Store.peek(path)) as store:
-            raw = store.meta(STALE_KEY)
-            cached = json.loads(raw) if raw else None
-            if not cached or cached["digest"] != digest or cached["seq"] != store.last_transition():
-                return None
-            return dict(cached["stale"])
+        raw = store.meta(STALE_KEY)
+        cached = json.loads(raw) if raw else None
+        if not cached or cached["digest"] != digest or cached["seq"] != store.last_transition():
+            return None
+        return dict(cached["stale"])
     except (*SQLITE_ERRORS, OrchError):
         return None  # the full path says what is wrong
     except (ValueError, TypeError, KeyError):  # a cache damaged or hand-edited: computed anew

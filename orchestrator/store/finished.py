@@ -51,7 +51,10 @@ def plan_digest(plan_file: Path, var_args: Sequence[str]) -> str | None:
     data = read_bounded(plan_file, MAX_PLAN_BYTES)  # /dev/zero, a FIFO: the full load says so
     if data is None or len(data) > MAX_PLAN_BYTES:
         return None
-    names = sorted({m.decode() for m in _ENV_NAME.findall(data)})
+    # The pattern's `\b` keeps re from searching for its literal: a plain `in` first (a plan
+    # with no `env:` is the common case; ~0.4 ms of each start for a 1000-task file).
+    found = _ENV_NAME.findall(data) if b"env:" in data else ()
+    names = sorted({m.decode() for m in found})
     env = "\0".join(f"{n}={os.environ.get(n, '')}" if n in os.environ else n for n in names)
     return sha256(data + b"\0" + "\0".join(var_args).encode() + b"\0" + env.encode()).hexdigest()
 

@@ -28,17 +28,27 @@ def take(
     """The store at `path` now; with `plan` (and no `stale` given), what is stale."""
     store = Store.open(path, create=False)
     try:
-        close_dead_runs_if_free(store, warn)
-        snap = read(store, path, plan.name if plan else path.stem, stale)
-        if stale is None and plan is not None:
-            from orchestrator.run.stale import stale_of
-            from orchestrator.run.todos import plan_as_run
-
-            ran = plan_as_run(plan, store)
-            found = stale_of(ran, store.todos(), store.done_marks(), store.findings_as_of)
-            snap = snap._replace(stale=found)
+        return take_open(store, plan, stale, warn)
     finally:
         store.close()
+
+
+def take_open(
+    store: Store,
+    plan: Plan | None,
+    stale: Mapping[str, Sequence[str]] | None = None,
+    warn: Callable[[str], None] = lambda _: None,
+) -> Snapshot:
+    """`take` of a store opened (with its checks) by the caller, who closes it."""
+    close_dead_runs_if_free(store, warn)
+    snap = read(store, store.path, plan.name if plan else store.path.stem, stale)
+    if stale is None and plan is not None:
+        from orchestrator.run.stale import stale_of
+        from orchestrator.run.todos import plan_as_run
+
+        ran = plan_as_run(plan, store)
+        found = stale_of(ran, store.todos(), store.done_marks(), store.findings_as_of)
+        snap = snap._replace(stale=found)
     return snap
 
 
