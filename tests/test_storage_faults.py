@@ -562,6 +562,36 @@ def test_a_failed_write_after_a_held_completion_undoes_itself_alone(tmp_path: Pa
     store.close()
 
 
+def test_what_is_said_of_a_held_completion_is_said_only_if_it_commits(tmp_path: Path) -> None:
+    """A held completion, then a joining write on a full disk: SQLite rolls back the whole
+    transaction (SQLITE_FULL), the held part with it. The completion is then not said (its
+    `after_commit` never runs), nothing stays held (a later commit would fail on a transaction
+    that is gone: "no transaction is active"), and once there is room the store takes writes."""
+    told: list[str] = []
+    with tmpfs(tmp_path / "small", "1m") as root:
+        path = root / "s.db"
+        store = _two_tasks(path)
+        try:
+            store.transition("a", Status.COMPLETED, None, None, hold=True)
+            store.after_commit(lambda: told.append("a"))
+            with open(root / "fill", "wb") as fill, contextlib.suppress(OSError):
+                while True:
+                    fill.write(b"\0" * 65536)
+                    fill.flush()
+            # More than SQLite's page cache holds: it spills to the WAL mid-transaction, where
+            # the full disk fails it and SQLite rolls everything back, the held part too.
+            many = [Finding(f"k{i}", i) for i in range(40_000)]
+            with pytest.raises(StoreError, match="the disk is full"):
+                store.transition("b", Status.IN_PROGRESS, None, None, findings=many)
+            committed = _committed(path)["a"]
+            assert told == (["a"] if committed == "completed" else []), (committed, told)
+            (root / "fill").unlink()
+            store.transition("b", Status.IN_PROGRESS, None, None)  # commits, nothing stale held
+            assert _committed(path)["b"] == "in_progress"
+        finally:
+            store.close()
+
+
 def test_a_second_store_open_in_one_process_keeps_the_first_ones_locks(tmp_path: Path) -> None:
     """Closing any descriptor of a file drops every POSIX lock the process holds on it
     (fcntl's rule), SQLite's included: another process could then checkpoint and remove the

@@ -254,9 +254,15 @@ def test_each_kind_of_sqlite_error_is_told_as_what_to_do(tmp_path: Path) -> None
             conn.close()
     (tmp_path / "junk.db").write_bytes(b"x" * 4096)
     junk = sqlite3.connect(tmp_path / "junk.db")
-    told["notadb"] = _error_of(lambda: junk.execute("SELECT * FROM sqlite_master"))
+    notadb = _error_of(lambda: junk.execute("SELECT * FROM sqlite_master"))
     junk.close()
+    # An error that ended nothing but itself (a COMMIT with no transaction, as after SQLite
+    # rolled one back on a full disk): the store is checked, and found intact, not "damaged".
+    stray = sqlite3.connect(path, isolation_level=None)
+    told["no_tx"] = _error_of(lambda: stray.execute("COMMIT"))
+    stray.close()
     messages = {kind: fault_message(path, exc) for kind, exc in told.items()}
+    messages["notadb"] = fault_message(tmp_path / "junk.db", notadb)
     assert (
         messages["readonly"]
         == f"{path} is read-only: `orch run` must write it (use another --store)"
@@ -264,8 +270,14 @@ def test_each_kind_of_sqlite_error_is_told_as_what_to_do(tmp_path: Path) -> None
     assert messages["busy"].startswith(f"{path} stayed locked by another process for 10 s: ")
     assert messages["cantopen"].startswith(f"{path} cannot be read or written (")
     assert messages["cantopen"].endswith("): check the disk and its permissions")
-    assert messages["notadb"].startswith(f"{path} is damaged (file is not a database): ")
+    assert messages["notadb"].startswith(
+        f"{tmp_path / 'junk.db'} is damaged (file is not a database; the file is malformed: "
+    ), messages["notadb"]
     assert "restore a backup" in messages["notadb"]
+    assert messages["no_tx"] == (
+        f"{path}: SQLite refused the operation (cannot commit - no transaction is active); the "
+        "store itself is intact (integrity_check and orch's checks pass): run again"
+    )
     undecodable = UnicodeDecodeError("utf-8", b"ok \xff", 3, 4, "invalid start byte")
     assert fault_message(path, undecodable) == (
         f"{path} is damaged (ok \ufffd): move it aside to start over (every task runs again), "
@@ -355,11 +367,24 @@ PRAGMAS = ("journal_mode", "synchronous", "foreign_keys")
 
 
 def test_a_writing_connection_has_the_durability_and_checks_orch_promises(store: Store) -> None:
-    """WAL with synchronous=NORMAL (a crash of the process loses nothing; docs/performance.md
-    states it against DBOS), foreign keys enforced, and one connection usable from the
-    threads of a run's tasks (--jobs), under the store's own lock."""
-    pragma = {p: store.conn.execute(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS}
-    assert pragma == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}
+    """WAL; a commit that records an outcome with synchronous=FULL (synced: it survives a
+    power cut), one that only starts a task with NORMAL (a crash of the process loses
+    nothing; a power cut makes the step run again); foreign keys enforced; one connection
+    usable from the threads of a run's tasks (--jobs), under the store's own lock."""
+
+    def pragma() -> dict[str, object]:
+        return {p: store.conn.execute(f"PRAGMA {p}").fetchone()[0] for p in PRAGMAS}
+
+    store.transition("a", Status.IN_PROGRESS, None, None)
+    assert pragma() == {"journal_mode": "wal", "synchronous": 1, "foreign_keys": 1}
+    store.transition("a", Status.COMPLETED, None, None)
+    assert pragma() == {"journal_mode": "wal", "synchronous": 2, "foreign_keys": 1}
+    store.transition("a", Status.PENDING, None, None)
+    store.transition("a", Status.IN_PROGRESS, None, None)
+    assert pragma()["synchronous"] == 1
+    store.transition("a", Status.COMPLETED, None, None, hold=True)  # held: FULL when it commits
+    store.note_reason("a", "a write that joins it")
+    assert pragma()["synchronous"] == 2 and not store.conn.in_transaction
     with pytest.raises(sqlite3.IntegrityError, match="FOREIGN KEY"):
         store.conn.execute(
             "INSERT INTO transitions(task_id, from_status, to_status, at, attempt)"

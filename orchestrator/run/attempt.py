@@ -15,6 +15,7 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -264,7 +265,12 @@ class Attempts:
             self.settle(task, Status.COMPLETED, None, findings, hold=hold, ended_at=time.time())
             # Findings as one field: a finding named `task` must not collide with the event's.
             found = {"findings": text} if (text := summarize(findings)) else {}
-            self.log.info("task.completed", task=task.id, took=f"{duration:.2f}s", **found)
+            # Said once committed and synced (with the successor's start, when held): a
+            # completion orch reports survives a power cut (tests/crashharness.py).
+            self.store.after_commit(
+                partial(self.log.info, "task.completed", task=task.id, took=f"{duration:.2f}s",
+                        **found)
+            )  # fmt: skip
             return True
         output = "\n".join(tail(log_path, OUTPUT_TAIL_LINES))
         self.settle(

@@ -4,8 +4,14 @@ Tables: `todos` (one row per task, its current state), `transitions` (append-onl
 status change), `findings` (append-only, per attempt), `runs` (one per `orch run`),
 `resources` (what a task left running for later tasks, e.g. a server, or leased while it runs,
 a GPU; see run/leases.py), `approvals` (who let a gate pass, append-only), `meta`.
-WAL mode with synchronous=NORMAL: a commit survives a crash or SIGKILL of the process at any
-moment (a power cut may lose the last commits, never consistency); ~20 us per commit.
+WAL mode. A commit survives a crash or SIGKILL of the process at any moment. Against a power
+cut or a host reset, every commit that records an outcome (a task completed, skipped, failed,
+a run ended, a person's note or change) is synced (`synchronous=FULL` for that commit: one
+fsync of the WAL) before orch goes on or says it; a commit that only starts a task, or records
+its process group or a held resource, is not (`synchronous=NORMAL`): lost to a power cut, it
+only makes that step run again, as any crash can (docs/design.md, "Crashes"). A task's
+completion and its successor's start share one commit when run alone, so a step costs one
+fsync (bench/bench_engine.py); tests/crashharness.py cuts power at every write and fsync.
 
 Reads and writes use the stdlib sqlite3 connection directly; sqlite-utils upgrades an older
 store's schema, a new store's is plain DDL made from the same tables (`schema_ddl`). Why:
@@ -25,6 +31,7 @@ a link (core/safeopen.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import json
@@ -123,25 +130,91 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
     if isinstance(exc, UnicodeDecodeError):
         return f"{path} is damaged ({_damage(exc.object.decode('utf-8', 'replace'))}): {_RESTORE}"
     name = getattr(exc, "sqlite_errorname", "")
-    if name.startswith("SQLITE_FULL"):
+    device = _device_state(path)  # what the file system says, whatever SQLite's code was
+    if name.startswith("SQLITE_FULL") or device == "full":
         return (
             f"{path}: the disk is full; what was recorded before is intact: free space, "
             "then run again"
         )
-    if name.startswith("SQLITE_READONLY"):
+    if name.startswith("SQLITE_READONLY") or device == "read-only":
         return f"{path} is read-only: `orch run` must write it (use another --store)"
     if name.startswith(("SQLITE_BUSY", "SQLITE_LOCKED")):
         return f"{path} stayed locked by another process for {BUSY_TIMEOUT_MS // 1000} s: {exc}"
     if name.startswith(("SQLITE_IOERR", "SQLITE_CANTOPEN")):
         return f"{path} cannot be read or written ({exc}): check the disk and its permissions"
+    # "Damaged" is said only where the file's own checks say so: a message that sends the
+    # operator to throw the store away must be true (an error that ended a transaction, say,
+    # leaves it intact).
+    try:
+        problem = damage_of(path)
+    except SQLITE_ERRORS as unchecked:  # the disk that failed the operation fails the check
+        return (
+            f"{path}: SQLite failed ({_damage(str(exc))}), and the store could not be checked "
+            f"({_damage(str(unchecked))}): check the disk, then run again (`orch status` "
+            "checks the store)"
+        )
+    if problem is None:
+        return (
+            f"{path}: SQLite refused the operation ({_damage(str(exc))}); the store itself is "
+            "intact (integrity_check and orch's checks pass): run again"
+        )
     # sqlite3 quotes the damaged text: "Could not decode to UTF-8 column 'x' with text '...'".
-    return f"{path} is damaged ({_damage(str(exc))}): {_RESTORE}"
+    return f"{path} is damaged ({_damage(str(exc))}; {problem}): {_RESTORE}"
+
+
+def _device_state(path: Path) -> str | None:
+    """ "full" or "read-only" where the store's file system is, else None."""
+    try:
+        sv = os.statvfs(path.parent)
+    except OSError:
+        return None
+    if sv.f_flag & os.ST_RDONLY:
+        return "read-only"
+    return "full" if sv.f_bavail == 0 else None
+
+
+def damage_of(path: Path) -> str | None:
+    """What `integrity_check` or orch's invariants find wrong with the store, through a
+    connection of its own (read-only); None where both pass. Raises the sqlite3 error of a
+    check that cannot run (a disk that fails reads too): that says nothing of the file."""
+    conn = sqlite3.connect(f"file:{quote(str(path.absolute()))}?mode=ro", uri=True)
+    try:
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        return _integrity_problem(conn) or (_invariant_problem(conn, version) if version else None)
+    except sqlite3.DatabaseError as exc:
+        if getattr(exc, "sqlite_errorname", "").startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB")):
+            return f"the file is malformed: {_damage(str(exc))}"
+        raise
+    finally:
+        conn.close()
+
+
+def _integrity_problem(conn: sqlite3.Connection) -> str | None:
+    # integrity_check, not quick_check: it also holds every index against its table (one
+    # that disagrees passes quick_check, and a finding read through it can be silently
+    # gone), for ~0.9 ms more at each open of a 1000-task store (bench/bench_integrity.py).
+    problem = conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
+    return None if problem == "ok" else f"integrity_check: {_damage(problem)}"
+
+
+def _invariant_problem(conn: sqlite3.Connection, version: int) -> str | None:
+    """The first row that breaks what orch writes (schema.invariant_queries), described."""
+    for table, query in invariant_queries(version):
+        if (bad := conn.execute(query).fetchone()) is not None:
+            return f"{table} row {_damage(repr(bad[0]))}: {_damage(bad[1])}"
+    return None
 
 
 def _cannot_create(path: Path, exc: OSError, tmp: Path | None = None) -> str:
     """The store (or its folder) could not be made: where, why, and the way out (--store)."""
     named = exc.filename and exc.filename not in (str(path), str(tmp))
     where = f" ({exc.filename})" if named else ""
+    if exc.errno == errno.ENOSPC:
+        return (
+            f"cannot create the store {path}: the disk is full{where}: free space, then run again"
+        )
+    if exc.errno == errno.EIO:
+        return f"cannot create the store {path}: {exc.strerror}{where}: check the disk"
     return (
         f"cannot create the store {path}: {exc.strerror}{where}; "
         "give a writable place with --store PATH (or ORCH_STORE)"
@@ -307,6 +380,8 @@ class Store:
         self.readonly = readonly  # opened for reading only: the file or its folder is not ours
         self._lock = threading.RLock()  # one caller at a time: tasks run in threads (--jobs)
         self._held = False  # a write transaction left open for the next write to commit
+        self._synced = False  # the open transaction commits with an fsync (synchronous=FULL)
+        self._after: list[Callable[[], None]] = []  # told once the held transaction commits
         self._path_text = str(path)
         st = os.stat(self._path_text)
         self._identity = (st.st_dev, st.st_ino)
@@ -391,19 +466,16 @@ class Store:
             raise StoreError(_cannot_create(path, exc, tmp)) from None
         finally:
             for leftover in _made_beside(tmp):
-                if os.path.lexists(leftover):  # not unlink(missing_ok): EROFS before ENOENT
-                    leftover.unlink()
+                # not unlink(missing_ok): EROFS before ENOENT. A failure here (the disk that
+                # failed the build) must not hide why: the next build of this pid clears it.
+                if os.path.lexists(leftover):
+                    with contextlib.suppress(OSError):
+                        leftover.unlink()
 
     @_guarded
     def _check(self, create: bool) -> None:
-        # integrity_check, not quick_check: it also holds every index against its table (one
-        # that disagrees passes quick_check, and a finding read through it can be silently
-        # gone), for ~0.9 ms more at each open of a 1000-task store (bench/bench_integrity.py).
-        problem = self.conn.execute("PRAGMA integrity_check(1)").fetchone()[0]
-        if problem != "ok":
-            raise StoreError(
-                f"{self.path} is damaged (integrity_check: {_damage(problem)}): {_RESTORE}"
-            )
+        if (problem := _integrity_problem(self.conn)) is not None:
+            raise StoreError(f"{self.path} is damaged ({problem}): {_RESTORE}")
         version = self.conn.execute("PRAGMA user_version").fetchone()[0]
         if version > SCHEMA_VERSION:
             raise StoreError(
@@ -424,12 +496,8 @@ class Store:
                     f"{self.path} is damaged (table {table} lacks "
                     f"{', '.join(sorted(wanted - have))}): {_RESTORE}"
                 )
-        for table, query in invariant_queries(version):
-            if (bad := self.conn.execute(query).fetchone()) is not None:
-                row, problem = _damage(repr(bad[0])), _damage(bad[1])
-                raise StoreError(
-                    f"{self.path} is damaged ({table} row {row}: {problem}): {_RESTORE}"
-                )
+        if (problem := _invariant_problem(self.conn, version)) is not None:
+            raise StoreError(f"{self.path} is damaged ({problem}): {_RESTORE}")
         if version < SCHEMA_VERSION:
             if self.readonly:
                 raise StoreError(
@@ -498,14 +566,22 @@ class Store:
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     @contextmanager
-    def _tx(self, hold: bool = False) -> Iterator[sqlite3.Connection]:
+    def _tx(self, hold: bool = False, synced: bool = True) -> Iterator[sqlite3.Connection]:
         """One write transaction; IMMEDIATE so a concurrent writer waits instead of failing.
 
         With `hold` it is left open: the next write joins it and commits both (a task's
         completion and its successor's start, one commit for two: see Runner.attempt); what
         fails in the joining write is undone alone (a savepoint), the held part still commits.
+        `synced`: its commit is made durable (see the module's docstring); SQLite takes the
+        setting only between transactions, so a held transaction that is not is committed
+        first (none is: only a completion is held).
         """
+        if self._held and synced and not self._synced:
+            self.flush()
         joined = self._held
+        if not joined and synced != self._synced:
+            self.conn.execute(f"PRAGMA synchronous={'FULL' if synced else 'NORMAL'}")
+            self._synced = synced
         self.conn.execute("SAVEPOINT joined" if joined else "BEGIN IMMEDIATE")
         try:
             yield self.conn
@@ -518,6 +594,8 @@ class Store:
                 self.flush()  # the held part still commits
             elif self.conn.in_transaction:  # a failed COMMIT (a full disk) may have ended it
                 self.conn.execute("ROLLBACK")
+            if not self.conn.in_transaction:  # SQLite may have rolled back a held part too
+                self._held, self._after = False, []
             raise
         if joined:
             self.conn.execute("RELEASE joined")
@@ -529,9 +607,23 @@ class Store:
         try:
             self.conn.execute("COMMIT")
         except SQLITE_ERRORS:
+            self._after = []
             if self.conn.in_transaction:
                 self.conn.execute("ROLLBACK")
             raise
+        told, self._after = self._after, []
+        for tell in told:
+            tell()
+
+    def after_commit(self, tell: Callable[[], None]) -> None:
+        """Call `tell` once what was written is committed (synced, if it records an outcome):
+        at once, or when a held transaction commits; never if it is rolled back. What orch
+        says of a step (`task.completed`) waits for this: nothing is reported that a power
+        cut could take back."""
+        if self._held:
+            self._after.append(tell)
+        else:
+            tell()
 
     # --- plan ----------------------------------------------------------------------------------
 
@@ -728,7 +820,8 @@ class Store:
         now = time.time()
         # Errors, output tails and findings may quote a secret var's value: never stored.
         reason, fields = mask_value(reason), mask_value(fields)
-        with self._tx(hold) as c:
+        # A start need not survive a power cut (the step runs again); an outcome must.
+        with self._tx(hold, synced=to is not Status.IN_PROGRESS) as c:
             attempt = self._transition(c, task_id, to, reason, run_id, now, **fields)
             if findings:
                 c.executemany(
@@ -1086,8 +1179,9 @@ class Store:
             )
 
     def set_process(self, task_id: str, pgid: int | None, started_at: float | None) -> None:
-        """Record the process group a task started, so a later run can end it if we die."""
-        with self._tx() as c:
+        """Record the process group a task started, so a later run can end it if we die
+        (not synced: a power cut ends the group with us)."""
+        with self._tx(synced=False) as c:
             c.execute(
                 "UPDATE todos SET pgid=?, pgid_started_at=? WHERE id=?",
                 (pgid, started_at, task_id),
