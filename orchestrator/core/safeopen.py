@@ -139,7 +139,12 @@ def open_for_update(path: Path) -> IO[bytes]:
 def write_atomically(path: Path, data: bytes | str) -> None:
     """`path` replaced by `data` (text as UTF-8): written to a new file beside it (O_EXCL),
     then renamed over it, so an existing file is never opened; a link at `path` is refused.
-    The mode is what the umask gives a new file, as Path.write_bytes would."""
+    The mode is what the umask gives a new file, as Path.write_bytes would.
+
+    Durable on return: the data is synced before the rename and the folder after it. A task
+    writes its result this way before its completion is recorded; without the syncs a power
+    cut could keep the completion (synced) and lose the file it names (tests/crashharness.py
+    saw an empty bench result, then the analysis fail on the resumed run)."""
     refuse_link(path)
     # os.urandom, not `secrets`: that imports hashlib, which `orch status` must not pay for.
     tmp = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
@@ -147,7 +152,14 @@ def write_atomically(path: Path, data: bytes | str) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, path)
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     except BaseException:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
