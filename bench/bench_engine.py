@@ -163,6 +163,45 @@ def fresh(store: Path) -> Thunk:
     return clear
 
 
+@contextmanager
+def without_sync_rule() -> Iterator[None]:
+    """orch's store as before issue 41 (tests/crashharness.py's NO_SYNC_RULE), in this process."""
+    from orchestrator.store import db
+
+    sys.path.insert(0, str(BENCH_DIR.parent / "tests"))
+    from crashharness import NO_SYNC_RULE
+
+    saved = db.Store._tx, db.Store.after_commit
+    exec(NO_SYNC_RULE, {})
+    try:
+        yield
+    finally:
+        db.Store._tx, db.Store.after_commit = saved  # type: ignore[method-assign]
+
+
+def sync_rule_rows(path: Path, store: Path, reps: int) -> list[Row]:
+    """What the sync rule (an outcome's commit fsynced before orch goes on or says it; a start
+    not) costs a step: `execute()` of the chain of 1000 with and without it, interleaved, on
+    the file system the bench's folder is on (named: an fsync costs what the disk makes it)."""
+    plan, with_rule, without = load_plan(path), [], []
+    for _ in range(reps):
+        fresh(store)()
+        with_rule.append(timed(executes(plan, store)))
+        fresh(store)()
+        with without_sync_rule():
+            without.append(timed(executes(plan, store)))
+    fs = subprocess.run(["stat", "-f", "-c", "%T", str(store.parent)], capture_output=True,
+                        text=True).stdout.strip() or "?"  # fmt: skip
+    a, b = statistics.median(with_rule), statistics.median(without)  # s per 1000: ms a task
+    return [
+        Row(
+            "executor", f"execute(), chain of 1000, the sync rule (issue 41), on {fs}", a, "ms/task"
+        ),
+        Row("executor", "  the same, every commit synchronous=NORMAL (before)", b, "ms/task"),
+        Row("executor", "  the rule's cost per step", a - b, "ms/task"),
+    ]
+
+
 def changes_per_task(store: Path, n: int) -> float:
     """Status changes the last run recorded, per task (a run alone commits a completion with
     the next start: about one commit per task for these two)."""
@@ -573,6 +612,7 @@ def bench(tmp: Path, quick: bool, with_doit: bool = True, against: str | None = 
             "changes",
         )
     )
+    rows += sync_rule_rows(plans["chain", 1000], tmp / "chain1000.db", reps_exec)
     floor = statistics.median(sqlite_floor_s(tmp / f"floor{i}.db", 1000) for i in range(3))
     rows.append(
         Row("executor", "  bare SQLite floor for their commits", floor * ms / 1000, "ms/task")
