@@ -148,15 +148,19 @@ class Mount:
 
     def down(self) -> None:
         """Gone with the host: crashfs killed, the mount torn down (what it held is lost)."""
+        if self.events < 0:
+            return
         self.proc.kill()
         self.proc.wait()
         subprocess.run(["fusermount3", "-u", "-z", str(self.at)], capture_output=True)
         self._close()
 
     def _close(self) -> None:
+        """Once: a descriptor closed twice may by then be another mount's (trials in threads)."""
         for fd in (self.events, self.control):
-            with contextlib.suppress(OSError):
+            if fd >= 0:
                 os.close(fd)
+        self.events = self.control = -1
 
     def __exit__(self, *exc: object) -> None:
         if self.cut_line is not None or self.proc.poll() is not None:
@@ -247,6 +251,7 @@ class Trial:
     keys: dict[str, list[str]] = field(default_factory=dict)  # findings a step always records
     name: str = "crash"
     last_run: int = 0  # the latest run the store held after the cut
+    duration: float = 1.0  # a whole run's seconds, as count_ops found it
 
     def _paths(self) -> tuple[Path, Path, Path, Path]:
         return (self.work / "disk", self.work / "mnt", self.work / "witness", self.work / "plan")
@@ -266,8 +271,10 @@ class Trial:
                 str(mnt / ".orch" / f"{self.name}.db")]  # fmt: skip
 
     def count_ops(self) -> int:
-        """A whole run's persistence points (writes, truncates, fsyncs), no cut."""
+        """A whole run's persistence points (writes, truncates, fsyncs), no cut; its length
+        in seconds is kept in `duration`."""
         self.prepare()
+        started = time.monotonic()
         disk, mnt, _, _ = self._paths()
         host = Host(f"orch-crash-{os.getpid()}-count")
         try:
@@ -276,6 +283,7 @@ class Trial:
                                   stderr=subprocess.DEVNULL, cwd=self.work)  # fmt: skip
                 if proc.wait(timeout=300) != 0:
                     raise RuntimeError("the plan fails without a cut")
+                self.duration = time.monotonic() - started
             assert mount.ops is not None
             return mount.ops
         finally:
