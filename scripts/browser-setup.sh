@@ -8,11 +8,5 @@ for name in chromium chromium-browser google-chrome; do
         exit 0
     fi
 done
-if [ "$(id -u)" != 0 ] || ! command -v apt-get > /dev/null; then
-    echo "browser-setup: install Debian's chromium (apt-get install chromium) as root" >&2
-    exit 2
-fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends chromium > /dev/null
+"$(dirname "$0")/apt-install.sh" browser-setup chromium
 echo "browser ready: $(command -v chromium)"
