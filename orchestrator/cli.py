@@ -1148,17 +1148,22 @@ inventory_option = click.option(
 @inventory_option
 @click.option(
     "--serial",
-    default="1",
-    show_default=True,
     metavar="N|N%",
-    help="Hosts a batch after the canary: a number or a share of the hosts.",
+    help="Hosts a batch after the canary: a number or a share of the hosts "
+    "[default: 1; a resumed roll keeps its own].",
 )
 @click.option(
     "--canary",
     type=click.IntRange(min=0),
-    default=1,
-    show_default=True,
-    help="Hosts in the first batch; the roll then waits for `orch fleet approve` (0: neither).",
+    help="Hosts in the first batch; the roll then waits for `orch fleet approve` (0: neither) "
+    "[default: 1; a resumed roll keeps its own].",
+)
+@click.option(
+    "--max-fail",
+    metavar="N|N%",
+    help="Failed hosts a batch may have and the roll go on, as Ansible's "
+    "max_fail_percentage counts (over it: the roll stops after the batch) "
+    "[default: 0; a resumed roll keeps its own].",
 )
 @click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible's --limit).")
 @click.option(
@@ -1183,8 +1188,9 @@ inventory_option = click.option(
 def fleet_run(
     plan_file: Path,
     inventory: Path,
-    serial: str,
-    canary: int,
+    serial: str | None,
+    canary: int | None,
+    max_fail: str | None,
     limit: str | None,
     unreachable: str,
     approve: tuple[str, ...],
@@ -1210,7 +1216,15 @@ def fleet_run(
     from orchestrator.fleet.roll import Roller, RollOptions
 
     options = RollOptions(
-        inventory, serial, canary, limit, unreachable, approve, new_roll, install=install
+        inventory,
+        serial,
+        canary,
+        max_fail,
+        limit,
+        unreachable,
+        approve,
+        new_roll,
+        install=install,
     )
     say = functools.partial(_say, err=as_json)  # hosts' names and answers: shown cleaned
     roller = Roller(plan_file, var_args, options, say)

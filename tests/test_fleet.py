@@ -208,6 +208,19 @@ def test_batches_are_the_canary_then_serial_numbers_or_shares() -> None:
             batch_size(bad, 10)
 
 
+def test_max_fail_counts_hosts_or_a_share_of_the_batch_as_ansible_does() -> None:
+    from orchestrator.fleet.roll import failures_allowed
+
+    assert [failures_allowed("1", n) for n in (1, 6)] == [1, 1]
+    assert failures_allowed("0", 10) == 0
+    # max_fail_percentage: the roll stops when the share that failed *exceeds* it.
+    assert [failures_allowed("10%", n) for n in (6, 10, 25)] == [0, 1, 2]
+    assert failures_allowed("50%", 6) == 3 and failures_allowed("100%", 6) == 6
+    for bad in ("-1", "x", "101%", ""):
+        with pytest.raises(UsageError, match="--max-fail"):
+            failures_allowed(bad, 6)
+
+
 def test_a_host_result_is_judged_by_what_it_answered() -> None:
     python = "/opt/orch/venv/bin/python"
 
@@ -326,6 +339,10 @@ def test_a_roll_stops_at_the_failed_host_puts_it_back_and_resumes_when_fixed(
     assert states(plan) == {"web1": "completed", "web2": "pending", "web3": "pending"}
     assert production(web1) != "active"  # the canary migrated
     assert run_orch(*roll, timeout=60).returncode == 4  # no approval, no second batch
+    other = run_orch(*roll[:-1], "2", timeout=60)  # --serial 2 on a roll of 1: said, not taken
+    assert other.returncode == 4, other.stdout + other.stderr
+    kept = "the roll keeps its batches (canary 1, serial 1, max-fail 0); --new-roll"
+    assert kept in other.stdout, other.stdout
 
     approved = run_orch("fleet", "approve", plan, "-m", "canary looks right")
     assert approved.returncode == 0, approved.stderr
@@ -349,6 +366,7 @@ def test_a_roll_stops_at_the_failed_host_puts_it_back_and_resumes_when_fixed(
     resumed = run_orch("fleet", "run", plan, "-i", fixed, timeout=240)
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     assert "resuming roll #1" in resumed.stdout
+    assert "keeps its batches" not in resumed.stdout  # none asked for: nothing to refuse
     assert states(plan) == {"web1": "completed", "web2": "completed", "web3": "completed"}
     sent = {h["host"]: h["sent"] for h in fleet_json(plan)["hosts"]}
     assert sent == {"web1": 1, "web2": 2, "web3": 1}
@@ -364,6 +382,33 @@ def test_a_roll_stops_at_the_failed_host_puts_it_back_and_resumes_when_fixed(
     assert report.returncode == 0, report.stderr
     page = Path(json.loads(report.stdout)["report"]).read_text()
     assert "web3: 60 tok/s" in page  # the outlier of the three, named
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_max_fail_lets_a_batch_lose_that_many_hosts_and_stops_past_it(
+    site: Any, tmp_path: Path
+) -> None:
+    """Batches of two, `--max-fail 1`: both hosts of the first failing stops the roll there,
+    both named; one failing lets it go on, and the roll ends incomplete, naming it."""
+    web1, web2, web3 = site.hosts
+    plan = tmp_path / "plan" / "migrate.yaml"
+    roll = ["fleet", "run", plan, "--canary", "0", "--serial", "2", "--max-fail", "1"]
+    both = inventory(site, tmp_path, web1={"install_fails": True}, web2={"install_fails": True})
+    over = run_orch(*roll, "-i", both, timeout=240)
+    assert over.returncode == 1, over.stdout + over.stderr
+    assert "2 of 2 failed in batch 0, over --max-fail 1: web1, web2" in over.stdout, over.stdout
+    assert "not started: web3" in over.stdout and done_log(web3) == []
+
+    one = inventory(site, tmp_path, web2={"install_fails": True})
+    within = run_orch(*roll, "-i", one, "--new-roll", timeout=240)
+    assert within.returncode == 1, within.stdout + within.stderr
+    assert "going on without web2: within --max-fail 1" in within.stdout, within.stdout
+    assert "roll incomplete: failed within --max-fail 1: web2; run again" in within.stdout
+    assert states(plan) == {"web1": "completed", "web2": "failed", "web3": "completed"}
+    assert production(web2) == "active"  # its compensation ran there
+    board = run_orch("fleet", "status", plan)
+    assert "failed within --max-fail 1: web2" in board.stdout, board.stdout
 
 
 @pytest.mark.fleet

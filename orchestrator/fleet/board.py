@@ -44,6 +44,7 @@ def fleet_status(record: FleetRecord, roll: Roll) -> dict[str, Any]:
             "ended_at": iso(roll.ended_at),
             "canary": roll.canary,
             "serial": roll.serial,
+            "max_fail": roll.options.get("max_fail", "0"),  # a roll from before --max-fail: 0
             "inventory": roll.inventory,
             "build": roll.build,
             "approved_by": roll.approved_by,
@@ -80,6 +81,7 @@ def render_fleet(doc: dict[str, Any], color: bool = False, width: int | None = N
     head = (
         f"{doc['plan']} · roll #{roll['id']} {roll['state']} · {done}/{plural(len(hosts), 'host')}"
         f" completed · canary {roll['canary']}, serial {roll['serial']}"
+        f", max-fail {roll.get('max_fail', '0')}"
     )
     lines = [paint(clean(head, multiline=False), "1")]
     if roll["detail"]:

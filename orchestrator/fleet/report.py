@@ -471,6 +471,7 @@ def _roll_html(doc: Mapping[str, Any]) -> list[str]:
         f"roll {_status(roll.get('state'))}",
         f"canary {_e(roll.get('canary'))}",
         f"serial {_e(roll.get('serial'))}",
+        f"max-fail {_e(roll.get('max_fail', '0'))}",
         f"inventory {_e(roll.get('inventory'))}",
         f"build {_e(roll.get('build'))}",
         f"started {_e(roll.get('started_at') or '-')}",

@@ -54,6 +54,9 @@ from orchestrator.fleet.build import build_id
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
 from orchestrator.fleet.record import DONE, UNREADABLE, FleetRecord, Roll, record_path
 
+# A new roll's batches when --serial, --canary and --max-fail are not given: one host a batch,
+# a canary of one, and any failure stops the roll (as before --max-fail).
+SERIAL, CANARY, MAX_FAIL = "1", 1, "0"
 DEFAULT_VENV = "/opt/orch/venv"
 DEFAULT_HOME = "/var/lib/orch"
 # What ends a host's part in a batch without completing it; all but `unreachable` stop the roll.
@@ -63,8 +66,11 @@ STOPPING = ("failed", "refused", "error", "waiting")
 @dataclass(frozen=True)
 class RollOptions:
     inventory: Path
-    serial: str = "1"  # hosts a batch after the canary: "N" or "N%"
-    canary: int = 1  # hosts in the canary batch; 0: no canary, no approval gate
+    # Hosts a batch after the canary ("N" or "N%"), hosts in the canary batch (0: no canary, no
+    # approval gate). None: not given; a new roll takes the defaults, a resumed one its own.
+    serial: str | None = None
+    canary: int | None = None
+    max_fail: str | None = None  # failed hosts a batch may have: "N" or "N%"; None: the roll's
     limit: str | None = None  # Ansible's --limit pattern
     unreachable: str = "stop"  # or "skip": go on without it, try it again next run
     approve: Sequence[str] = ()  # the plan's own gates, passed on every host
@@ -107,6 +113,27 @@ def batch_size(serial: str, total: int) -> int:
         ) from None
 
 
+def failures_allowed(max_fail: str, batch: int) -> int:
+    """How many of a batch of `batch` hosts may fail and the roll go on: `N`, or `N%` as
+    Ansible's max_fail_percentage counts it (the roll stops when the share that failed
+    exceeds N%: 1 of 6 is 16.7%, over 10%)."""
+    text = max_fail.strip()
+    try:
+        if text.endswith("%"):
+            share = float(text[:-1])
+            if not 0 <= share <= 100:
+                raise ValueError
+            return math.floor(batch * share / 100)
+        count = int(text)
+        if count < 0:
+            raise ValueError
+        return count
+    except ValueError:
+        raise UsageError(
+            f"--max-fail {max_fail!r}: give a number of hosts (1) or a share of a batch (10%)"
+        ) from None
+
+
 class Roller:
     """One `orch fleet run`: the record open, the roll chosen, the batches run."""
 
@@ -119,7 +146,8 @@ class Roller:
     ) -> None:
         from orchestrator.api import Runbook
 
-        batch_size(options.serial, 1)  # a bad --serial is said before anything is touched
+        batch_size(options.serial or SERIAL, 1)  # a bad --serial is said before anything
+        failures_allowed(options.max_fail or MAX_FAIL, 1)  # and a bad --max-fail
         self.plan_file = plan_file
         self.options = options
         self.say = say
@@ -163,10 +191,14 @@ class Roller:
             )
             if open_roll.build != build_id():
                 self.say(f"  orch here is now {build_id()}; the roll began with {open_roll.build}")
-            if (o.canary, o.serial) != (open_roll.canary, open_roll.serial):
+            given = {"canary": o.canary, "serial": o.serial, "max_fail": o.max_fail}
+            kept = {"canary": open_roll.canary, "serial": open_roll.serial,
+                    "max_fail": open_roll.options.get("max_fail", MAX_FAIL)}  # fmt: skip
+            if any(v is not None and v != kept[k] for k, v in given.items()):  # only if asked
                 self.say(
                     f"  the roll keeps its batches (canary {open_roll.canary}, serial "
-                    f"{open_roll.serial}); --new-roll begins one with yours"
+                    f"{open_roll.serial}, max-fail {kept['max_fail']}); --new-roll begins one "
+                    "with yours"
                 )
             known = {h.host: h.state for h in record.hosts(open_roll.id)}
             for host, state in known.items():
@@ -179,22 +211,28 @@ class Roller:
                 self.say(f"  {len(new)} host(s) new in the inventory go last: {', '.join(new)}")
                 record.add_hosts(open_roll.id, batches_of(new, 0, open_roll.serial))
             return record.roll(open_roll.id)
+        serial = o.serial or SERIAL
+        canary = CANARY if o.canary is None else o.canary
         roll_id = record.new_roll(
             plan=self.plan.name,
             plan_file=str(self.plan_file),
             inventory=str(o.inventory),
             build=build_id(),
-            canary=min(o.canary, len(names)),
-            serial=o.serial,
-            options={"unreachable": o.unreachable, "limit": o.limit},
-            batches=batches_of(names, o.canary, o.serial),
+            canary=min(canary, len(names)),
+            serial=serial,
+            options={
+                "unreachable": o.unreachable,
+                "limit": o.limit,
+                "max_fail": o.max_fail or MAX_FAIL,
+            },  # fmt: skip
+            batches=batches_of(names, canary, serial),
         )
         roll = record.roll(roll_id)
-        canary = names[: roll.canary]
+        first = names[: roll.canary]
         self.say(
             f"roll #{roll_id} of {self.plan.name}: {len(names)} hosts"
-            + (f", canary {', '.join(canary)}" if canary else ", no canary")
-            + f", then batches of {o.serial} (record: {self.record_path})"
+            + (f", canary {', '.join(first)}" if first else ", no canary")
+            + f", then batches of {serial} (record: {self.record_path})"
         )
         return roll
 
@@ -203,6 +241,8 @@ class Roller:
     ) -> RollSummary:
         rows = record.hosts(roll.id)
         skipped: list[str] = []
+        tolerated: list[str] = []  # failed within --max-fail: the roll went on
+        max_fail = roll.options.get("max_fail", MAX_FAIL)
         for number in sorted({r.batch for r in rows}):
             todo = [
                 r.host
@@ -230,18 +270,40 @@ class Roller:
                 skipped += gone
                 self.say(f"  going on without {', '.join(gone)} (--unreachable skip)")
                 gone = []
+            failed = [h for h in stopped + gone if states[h].state != "waiting"]
+            # The canary is there to stop the roll: no failure of it is ever tolerated.
+            canary_batch = roll.canary and number == 0
+            allowed = 0 if canary_batch else failures_allowed(max_fail, len(todo))
+            if failed and len(failed) == len(stopped + gone) and len(failed) <= allowed:
+                tolerated += failed
+                self.say(f"  going on without {', '.join(failed)}: within --max-fail {max_fail}")
+                stopped, gone = [], []
             if stopped or gone:
                 first = states[(stopped + gone)[0]]
                 why = f"{first.host} {first.state}: {first.detail}"
                 later = [r.host for r in record.hosts(roll.id) if r.batch > number]
+                if len(failed) > allowed and max_fail != MAX_FAIL:  # over the limit: all named
+                    why = (f"{len(failed)} of {len(todo)} failed in {label}, over --max-fail "
+                           f"{max_fail}: {', '.join(failed)}; first {why}")  # fmt: skip
                 record.set_roll(roll.id, "stopped", why)
                 msg = f"roll stopped: {why}" + (
                     f"; not started: {', '.join(later)}" if later else ""
                 )
                 waiting = all(states[h].state == "waiting" for h in stopped + gone)
                 return self._end(roll, "stopped", EXIT_WAITING if waiting else EXIT_FAILED, msg)
-        if skipped:
-            why = f"unreachable, skipped: {', '.join(skipped)}; run again to try them"
+        if skipped or tolerated:
+            why = (
+                "; ".join(
+                    part
+                    for part in (
+                        tolerated
+                        and f"failed within --max-fail {max_fail}: {', '.join(tolerated)}",
+                        skipped and f"unreachable, skipped: {', '.join(skipped)}",
+                    )
+                    if part
+                )
+                + "; run again to try them"
+            )
             record.set_roll(roll.id, "stopped", why)
             return self._end(roll, "stopped", EXIT_FAILED, f"roll incomplete: {why}")
         record.set_roll(roll.id, "completed", None)

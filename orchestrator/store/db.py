@@ -97,6 +97,8 @@ STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO})
 SQLITE_ERRORS = (sqlite3.Error, UnicodeDecodeError)
 _RESTORE = "move it aside to start over (every task runs again), or restore a backup"
 DAMAGE_SHOWN = 120  # characters of a damaged value quoted in a message
+# sqlite3's words for a text value that is not UTF-8 (read through a connection that decodes).
+UNDECODABLE = "Could not decode to UTF-8"
 
 
 def _damage(text: str) -> str:
@@ -129,6 +131,8 @@ def fault_message(path: Path, exc: sqlite3.Error | UnicodeDecodeError) -> str:
     """What an sqlite3 error on the store at `path` means to the user, and what to do."""
     if isinstance(exc, UnicodeDecodeError):
         return f"{path} is damaged ({_damage(exc.object.decode('utf-8', 'replace'))}): {_RESTORE}"
+    if str(exc).startswith(UNDECODABLE):  # orch writes UTF-8 only: that text is damage
+        return f"{path} is damaged ({_damage(str(exc))}): {_RESTORE}"
     name = getattr(exc, "sqlite_errorname", "")
     device = _device_state(path)  # what the file system says, whatever SQLite's code was
     if name.startswith("SQLITE_FULL") or device == "full":
