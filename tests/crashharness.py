@@ -260,10 +260,15 @@ class Trial:
         with contextlib.suppress(FileNotFoundError):
             shutil.rmtree(self.work)
         disk, mnt, witness, plan = self._paths()
-        for folder in (disk, mnt, plan):
+        for folder in (disk, mnt, plan, self.work / "tmp"):
             folder.mkdir(parents=True)
         witness.touch()
         (plan / f"{self.name}.yaml").write_text(self.plan_text.replace("{witness}", str(witness)))
+
+    def env(self) -> dict[str, str]:
+        """The host's processes' environment: their temporary files (a server's scratch
+        folder, which a dead run's lost record cannot remove) stay in the trial's folder."""
+        return {**os.environ, "NO_COLOR": "1", "TMPDIR": str(self.work / "tmp")}
 
     def orch_argv(self) -> list[str]:
         disk, mnt, _, plan = self._paths()
@@ -280,7 +285,8 @@ class Trial:
         try:
             with Mount(disk, mnt, self.work / "crashfs.log") as mount:
                 proc = host.popen(self.orch_argv(), stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL, cwd=self.work)  # fmt: skip
+                                  stderr=subprocess.DEVNULL, cwd=self.work,
+                                  env=self.env())  # fmt: skip
                 if proc.wait(timeout=300) != 0:
                     raise RuntimeError("the plan fails without a cut")
                 self.duration = time.monotonic() - started
@@ -299,9 +305,8 @@ class Trial:
         try:
             with Mount(disk, mnt, self.work / "crashfs.log", cut_at=cut_at, keep=keep,
                        seed=seed) as mount, open(err, "wb") as stderr:  # fmt: skip
-                env = {**os.environ, "NO_COLOR": "1"}
                 proc = host.popen(self.orch_argv(), stdout=subprocess.DEVNULL, stderr=stderr,
-                                  cwd=self.work, env=env)  # fmt: skip
+                                  cwd=self.work, env=self.env())  # fmt: skip
                 cut = self._await_cut(mount, proc, after_s, timeout)
                 if cut is not None:
                     host.power_off()
@@ -392,7 +397,7 @@ class Trial:
         err = self.work / "resumed.err"
         with Mount(disk, mnt, self.work / "crashfs.log"), open(err, "wb") as stderr:
             proc = host.popen(self.orch_argv(), stdout=subprocess.DEVNULL, stderr=stderr,
-                              cwd=self.work, env={**os.environ, "NO_COLOR": "1"})  # fmt: skip
+                              cwd=self.work, env=self.env())  # fmt: skip
             code = proc.wait(timeout=300)
             host.reap()
             conn = sqlite3.connect(self._store())

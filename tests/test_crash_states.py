@@ -113,7 +113,7 @@ def test_a_storage_fault_at_each_write_is_named_for_what_it_is(work: Path, fault
         disk, mnt = work / "disk", work / "mnt"
         with Mount(disk, mnt, work / "crashfs.log", fail_at=n, errno=fault):
             r = subprocess.run(trial.orch_argv(), capture_output=True, text=True, cwd=work,
-                               env={**os.environ, "NO_COLOR": "1"}, timeout=120)  # fmt: skip
+                               env=trial.env(), timeout=120)  # fmt: skip
         said = r.stderr
         assert "Traceback" not in said, (n, said[-2000:])
         assert "damaged" not in said, (n, said[-2000:])
@@ -124,7 +124,8 @@ def test_a_storage_fault_at_each_write_is_named_for_what_it_is(work: Path, fault
         assert any(words in said for words in FAULTS[fault]), (n, said[-2000:])
         resumed = trial.orch_argv()
         with Mount(disk, mnt, work / "crashfs.log"):
-            again = subprocess.run(resumed, capture_output=True, text=True, cwd=work, timeout=120)
+            again = subprocess.run(resumed, capture_output=True, text=True, cwd=work,
+                                   env=trial.env(), timeout=120)  # fmt: skip
             check = subprocess.run([ORCH, "status", "--store", resumed[-1], "--json"],
                                    capture_output=True, text=True, cwd=work)  # fmt: skip
         assert again.returncode == 0, (n, again.stderr[-2000:])
