@@ -95,7 +95,11 @@ def test_a_report_costs_the_same_per_task_however_long_the_plan(
     # The run's figures: as large for 240 tasks as for 60 (a row per task was 35,000 px a
     # thousand tasks); the timeline says which tasks it shows instead.
     sizes = {n: png_size(tmp_path / str(n) / "timeline.png") for n in SIZES}
-    assert len(set(sizes.values())) == 1, sizes
+    # Within a few pixels: the tight bounding box follows its labels' text (a duration of
+    # 9.9s against 10s moved one edge by a pixel in CI), never the number of tasks.
+    for axis in (0, 1):
+        side = [size[axis] for size in sizes.values()]
+        assert max(side) - min(side) <= 8, sizes
     assert (tmp_path / "240" / "durations.png").exists()
     page = (tmp_path / "240" / "report.html").read_text()
     assert f"240 tasks: a row each would be unreadable, so this shows {TIMELINE_ROWS}" in page
