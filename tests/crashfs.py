@@ -66,7 +66,9 @@ class CrashFS(Operations):  # type: ignore[misc]
         self.events = events
         self.rng = random.Random(args.seed)
         self.pending: dict[int, Pending] = {}  # by backing inode: links and renames keep it
-        self.fds: dict[int, int] = {}  # our file handle -> the backing file's descriptor
+        # Open files: a file handle is the backing file's descriptor, opened for reading only
+        # (writes are held here, never sent to the backing file).
+        self.open_fds: set[int] = set()
         self.ops = 0
         self.down = threading.Event()
         self.mutex = threading.Lock()
@@ -240,7 +242,7 @@ class CrashFS(Operations):  # type: ignore[misc]
         real = self._real(path)
         st = self._wrap(os.lstat, real)
         self._wrap(os.unlink, real)
-        if st.st_nlink <= 1 and not any(self._fd_ino(fd) == st.st_ino for fd in self.fds.values()):
+        if st.st_nlink <= 1 and not any(self._fd_ino(fd) == st.st_ino for fd in self.open_fds):
             self.pending.pop(st.st_ino, None)
         return 0
 
@@ -276,13 +278,11 @@ class CrashFS(Operations):  # type: ignore[misc]
         return 0
 
     def _handle(self, fd: int) -> int:
-        fh = fd  # the backing descriptor is a handle no other open file has
-        self.fds[fh] = fd
-        return fh
+        self.open_fds.add(fd)
+        return fd
 
     def open(self, path: str, flags: int) -> int:
         self._count("open", path)
-        # Writes are held here, never sent to the backing file: it is opened for reading.
         fd = self._wrap(os.open, self._real(path), os.O_RDONLY)
         return self._handle(fd)
 
@@ -294,18 +294,17 @@ class CrashFS(Operations):  # type: ignore[misc]
 
     def read(self, path: str, size: int, offset: int, fh: int) -> bytes:
         self._count("read", path)
-        pending = self.pending.get(self._fd_ino(self.fds[fh]))
+        pending = self.pending.get(self._fd_ino(fh))
         if pending is not None:
             return bytes(pending.data[offset : offset + size])
-        return os.pread(self.fds[fh], size, offset)
+        return os.pread(fh, size, offset)
 
     def write(self, path: str, data: bytes, offset: int, fh: int) -> int:
         self._count("write", path)
-        fd = self.fds[fh]
-        ino = self._fd_ino(fd)
+        ino = self._fd_ino(fh)
         pending = self.pending.get(ino)
         if pending is None:
-            pending = self.pending[ino] = Pending(_whole(fd))
+            pending = self.pending[ino] = Pending(_whole(fh))
         end = offset + len(data)
         if len(pending.data) < offset:
             pending.data.extend(bytes(offset - len(pending.data)))
@@ -315,11 +314,9 @@ class CrashFS(Operations):  # type: ignore[misc]
 
     def truncate(self, path: str, length: int, fh: int | None = None) -> int:
         self._count("truncate", path)
-        if fh is not None and fh in self.fds:
-            ino = self._fd_ino(self.fds[fh])
-            pending = self.pending.get(ino) or self.pending.setdefault(
-                ino, Pending(_whole(self.fds[fh]))
-            )
+        if fh is not None and fh in self.open_fds:
+            ino = self._fd_ino(fh)
+            pending = self.pending.get(ino) or self.pending.setdefault(ino, Pending(_whole(fh)))
         else:
             pending = self._wrap(self._held, self._real(path))
         del pending.data[length:]
@@ -329,8 +326,7 @@ class CrashFS(Operations):  # type: ignore[misc]
 
     def fsync(self, path: str, datasync: int, fh: int) -> int:
         self._count("fsync", path)
-        fd = self.fds[fh]
-        ino = self._fd_ino(fd)
+        ino = self._fd_ino(fh)
         if (pending := self.pending.pop(ino, None)) is not None:
             real = self._real(path) if path and path != "-" else None
             if real is None or not os.path.exists(real) or os.lstat(real).st_ino != ino:
@@ -347,7 +343,8 @@ class CrashFS(Operations):  # type: ignore[misc]
         return 0
 
     def release(self, path: str, fh: int) -> int:
-        os.close(self.fds.pop(fh))
+        self.open_fds.discard(fh)
+        os.close(fh)
         return 0
 
 

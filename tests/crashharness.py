@@ -25,7 +25,6 @@ the harness cannot hold a host's processes together, and says so.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import select
@@ -442,14 +441,3 @@ def trial_dir(base: Path) -> Iterator[Path]:
         for mnt in base.rglob("mnt"):
             subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
         shutil.rmtree(base, ignore_errors=True)
-
-
-def main() -> None:
-    """One trial from the command line: `python tests/crashharness.py WORK PLAN CUT_AT`."""
-    work, plan, cut_at = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
-    trial = Trial(work, plan.read_text(), {})
-    print(json.dumps(trial.run(cut_at=cut_at).as_json(), indent=2))
-
-
-if __name__ == "__main__":
-    main()

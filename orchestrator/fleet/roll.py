@@ -95,43 +95,38 @@ def batches_of(hosts: Sequence[str], canary: int, serial: str) -> list[list[str]
     return ([head] if head else []) + [rest[i : i + size] for i in range(0, len(rest), size)]
 
 
-def batch_size(serial: str, total: int) -> int:
-    text = serial.strip()
+def hosts_or_share(option: str, value: str, least: int, example: str) -> int | float:
+    """An option's `N` (hosts, an int of at least `least`) or `N%` (a share, a float from
+    just above 0, or from 0 where `least` is 0, to 100); else a UsageError naming it."""
+    text = value.strip()
     try:
         if text.endswith("%"):
             share = float(text[:-1])
-            if not 0 < share <= 100:
+            if not 0 <= share <= 100 or (share == 0 and least > 0):
                 raise ValueError
-            return max(1, math.ceil(total * share / 100))
-        size = int(text)
-        if size < 1:
+            return share
+        count = int(text)
+        if count < least:
             raise ValueError
-        return size
+        return count
     except ValueError:
         raise UsageError(
-            f"--serial {serial!r}: give a number of hosts (2) or a share (25%)"
+            f"--{option} {value!r}: give a number of hosts ({example}) or a share ({example}0%)"
         ) from None
+
+
+def batch_size(serial: str, total: int) -> int:
+    """A batch's hosts: `N`, or `N%` of `total`, rounded up."""
+    size = hosts_or_share("serial", serial, 1, "2")
+    return max(1, math.ceil(total * size / 100)) if isinstance(size, float) else size
 
 
 def failures_allowed(max_fail: str, batch: int) -> int:
     """How many of a batch of `batch` hosts may fail and the roll go on: `N`, or `N%` as
     Ansible's max_fail_percentage counts it (the roll stops when the share that failed
     exceeds N%: 1 of 6 is 16.7%, over 10%)."""
-    text = max_fail.strip()
-    try:
-        if text.endswith("%"):
-            share = float(text[:-1])
-            if not 0 <= share <= 100:
-                raise ValueError
-            return math.floor(batch * share / 100)
-        count = int(text)
-        if count < 0:
-            raise ValueError
-        return count
-    except ValueError:
-        raise UsageError(
-            f"--max-fail {max_fail!r}: give a number of hosts (1) or a share of a batch (10%)"
-        ) from None
+    allowed = hosts_or_share("max-fail", max_fail, 0, "1")
+    return math.floor(batch * allowed / 100) if isinstance(allowed, float) else allowed
 
 
 class Roller:
@@ -292,18 +287,12 @@ class Roller:
                 waiting = all(states[h].state == "waiting" for h in stopped + gone)
                 return self._end(roll, "stopped", EXIT_WAITING if waiting else EXIT_FAILED, msg)
         if skipped or tolerated:
-            why = (
-                "; ".join(
-                    part
-                    for part in (
-                        tolerated
-                        and f"failed within --max-fail {max_fail}: {', '.join(tolerated)}",
-                        skipped and f"unreachable, skipped: {', '.join(skipped)}",
-                    )
-                    if part
-                )
-                + "; run again to try them"
-            )
+            parts = []
+            if tolerated:
+                parts.append(f"failed within --max-fail {max_fail}: {', '.join(tolerated)}")
+            if skipped:
+                parts.append(f"unreachable, skipped: {', '.join(skipped)}")
+            why = "; ".join(parts) + "; run again to try them"
             record.set_roll(roll.id, "stopped", why)
             return self._end(roll, "stopped", EXIT_FAILED, f"roll incomplete: {why}")
         record.set_roll(roll.id, "completed", None)

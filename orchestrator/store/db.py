@@ -8,8 +8,8 @@ WAL mode. A commit survives a crash or SIGKILL of the process at any moment. Aga
 cut or a host reset, every commit that records an outcome (a task completed, skipped, failed,
 a run ended, a person's note or change) is synced (`synchronous=FULL` for that commit: one
 fsync of the WAL) before orch goes on or says it; a commit that only starts a task, or records
-its process group or a held resource, is not (`synchronous=NORMAL`): lost to a power cut, it
-only makes that step run again, as any crash can (docs/design.md, "Crashes"). A task's
+its process group, is not (`synchronous=NORMAL`): lost to a power cut, it only makes that
+step run again, as any crash can (docs/design.md, "Crashes"). A task's
 completion and its successor's start share one commit when run alone, so a step costs one
 fsync (bench/bench_engine.py); tests/crashharness.py cuts power at every write and fsync.
 
