@@ -8,6 +8,6 @@ _here = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 if not sys.flags.safe_path and sys.path and os.path.realpath(sys.path[0] or ".") != _here:
     del sys.path[0]
 
-from orchestrator.cli import main  # noqa: E402
+from orchestrator.shortcut import main  # noqa: E402
 
 main()

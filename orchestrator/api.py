@@ -180,7 +180,7 @@ class Runbook:
         from orchestrator.views.snapshot import take
 
         if self.plan_file is not None and self._plan is None:
-            if (fast := self._cached_status(warn)) is not None:
+            if (fast := self.cached_status(warn)) is not None:
                 return fast
             try:
                 self.load()
@@ -188,7 +188,7 @@ class Runbook:
                 return take(self._store_despite(exc, warn), None, None, warn)
         return take(self.store_path, self._plan, None, warn)
 
-    def _cached_status(self, warn: Callable[[str], None]) -> Snapshot | None:
+    def cached_status(self, warn: Callable[[str], None]) -> Snapshot | None:
         """The board with what the last run found stale, if that still holds: one open of the
         store, with its checks, for both (a store that fails them: the full path says why)."""
         from orchestrator.run.stale import cached_stale

@@ -3,8 +3,9 @@
 A command parses its arguments, makes its call on the engine API (api.py: a Runbook) and
 renders the answer (views/); `logs`, `report` and `events`, which only read, open the store
 that the Runbook finds.
-Only click is imported at start-up; each command imports what it needs, so that
-`orch status` starts in a few tens of milliseconds (bench/bench_engine.py measures it).
+Only click is imported at start-up; each command imports what it needs. The entry point is
+shortcut.py: `orch status PLAN` and `orch run PLAN` of a finished plan are answered there,
+before click and this module (~30 ms of a ~50 ms start) are imported.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +28,7 @@ from orchestrator.core.errors import (
     PlanError,
     UsageError,
 )
+from orchestrator.views.out import NOTHING_TO_DO, board_text, say, show, warn
 
 if TYPE_CHECKING:
     from orchestrator.api import Runbook, RunRequest, RunSummary
@@ -114,7 +115,7 @@ class OrchGroup(click.Group):
                 click.echo(json.dumps(exc.as_json(), indent=2))
                 ctx.exit(exc.exit_code)
             for issue in exc.issues:
-                _say(str(issue), err=True)
+                say(str(issue), err=True)
             n = len(exc.issues)
             click.echo(
                 f"orch: {n} problem{'s' if n != 1 else ''} in the plan; nothing was run", err=True
@@ -124,7 +125,7 @@ class OrchGroup(click.Group):
             if ctx.meta.get("orch.json"):
                 error = {"ok": False, "error": str(exc), "exit_code": exc.exit_code}
                 click.echo(json.dumps(error, indent=2))
-            _say(f"orch: {exc}", err=True)
+            say(f"orch: {exc}", err=True)
             ctx.exit(exc.exit_code)
         except OSError as exc:  # a full disk writing a log, say: the storage's fault, no bug
             from orchestrator.store.db import STORAGE_ERRNOS
@@ -133,7 +134,7 @@ class OrchGroup(click.Group):
                 raise
             from orchestrator.api import describe_os_error
 
-            _say(f"orch: {describe_os_error(exc)}", err=True)
+            say(f"orch: {describe_os_error(exc)}", err=True)
             ctx.exit(EXIT_USAGE)
         except click.ClickException as exc:  # a command's usage error (click shows it)
             raise _cleaned(exc) from None
@@ -147,16 +148,6 @@ def _cleaned(exc: click.ClickException) -> click.ClickException:
     # Final in click's stubs, yet only read when shown: rewriting it changes what is shown.
     exc.message = clean(exc.message)  # type: ignore[misc]
     return exc
-
-
-def _say(text: str, err: bool = False, one_line: bool = False) -> None:
-    """Print a line for a person: through `clean`, so no text from outside (a path, a task's
-    id or output, a store's value) acts on the terminal or reads as another. Not for JSON
-    (its own escaping) nor for a board, whose colours are its own escapes (views clean each
-    value they draw). `one_line`: a row of a listing, which no value may break in two."""
-    from orchestrator.core.terminal import clean
-
-    click.echo(clean(text, multiline=not one_line), err=err)
 
 
 @click.group(
@@ -308,7 +299,7 @@ def approve(
     if as_json:
         click.echo(json.dumps({**done, "next": f"orch run {plan_file}"}))
         return
-    _say(
+    say(
         f"{task_id} approved by {done['by']} (plan {done['plan_hash']}, findings "
         f"{done['findings_hash']}): `orch run {plan_file}` goes on from there"
     )
@@ -334,15 +325,11 @@ def _execute(runbook: Runbook, request: RunRequest | None, quiet: bool, as_json:
         if live is not None:
             live.close()
     if summary.nothing_to_do and not (quiet or as_json):
-        click.echo(
-            "orch: nothing to do: the plan is unchanged and every task is done "
-            "(--rerun ID to run one again)",
-            err=True,
-        )
+        warn(NOTHING_TO_DO)
     if summary.outcome == RunOutcome.INTERRUPTED:  # the board to stderr (stdout may be piped)
-        _show(runbook.status(_warn), as_json, stream=None if as_json else sys.stderr)
+        show(runbook.status(warn), as_json, stream=None if as_json else sys.stderr)
     else:
-        _show(_snapshot(runbook, summary), as_json)
+        show(_snapshot(runbook, summary), as_json)
     sys.exit(summary.exit_code)
 
 
@@ -351,11 +338,7 @@ def _snapshot(runbook: Runbook, summary: RunSummary) -> Snapshot:
     store has it, no plan loaded: the fast path stays a hash and one query)."""
     from orchestrator.views.snapshot import take
 
-    return take(runbook.store_path, None, None if summary.nothing_to_do else summary.stale, _warn)
-
-
-def _warn(text: str) -> None:
-    _say(f"orch: {text}", err=True)
+    return take(runbook.store_path, None, None if summary.nothing_to_do else summary.stale, warn)
 
 
 # --- status ----------------------------------------------------------------------------------
@@ -403,25 +386,7 @@ def status(
     if watch:
         _watch(runbook, as_json, todowrite=fmt == "todowrite")
     else:
-        _show(runbook.status(_warn), as_json, todowrite=fmt == "todowrite")
-
-
-def _show(snap: Snapshot, as_json: bool, todowrite: bool = False, stream: Any = None) -> None:
-    from orchestrator.core.terminal import use_color
-
-    stream = stream or sys.stdout
-    click.echo(_board_text(snap, as_json, todowrite, use_color(stream)), file=stream)
-
-
-def _board_text(snap: Snapshot, as_json: bool, todowrite: bool, color: bool) -> str:
-    """The board, its JSON, or the todowrite list, as text."""
-    from orchestrator.views import board
-
-    if todowrite:
-        return json.dumps(board.todowrite(snap.rows, snap.findings), indent=2)
-    if as_json:
-        return json.dumps(snap.as_json(), indent=2)
-    return board.render_board(snap, color=color)
+        show(runbook.status(warn), as_json, todowrite=fmt == "todowrite")
 
 
 def _watch(runbook: Runbook, as_json: bool, todowrite: bool) -> None:
@@ -435,12 +400,12 @@ def _watch(runbook: Runbook, as_json: bool, todowrite: bool) -> None:
     try:
         while not runbook.store_path.exists():  # started before the run made the store
             if shown is None:
-                _say(f"waiting for a run to create {runbook.store_path} ...", err=True)
+                say(f"waiting for a run to create {runbook.store_path} ...", err=True)
                 shown = ""
             time.sleep(0.5)
         while True:
-            snap = runbook.status(_warn)
-            text = _board_text(snap, as_json, todowrite, use_color(sys.stdout))
+            snap = runbook.status(warn)
+            text = board_text(snap, as_json, todowrite, use_color(sys.stdout))
             if text != shown:
                 click.echo(("\x1b[H\x1b[2J" if tty else "") + text, nl=True)
                 shown = text
@@ -493,7 +458,7 @@ def validate(plan_file: Path, var_args: tuple[str, ...], as_json: bool) -> None:
         from orchestrator.core.terminal import plural
 
         guards = f" (+ {len(plan.guards)} on_failure/finally)" if plan.guards else ""
-        _say(
+        say(
             f"{plan_file}: ok, plan {plan.name!r} with {plural(len(plan.tasks), 'task')}{guards} "
             f"({', '.join(kinds)})"
         )
@@ -535,9 +500,9 @@ def plan_cmd(
     for s in steps:
         added = f"(added by {s['origin']}) " if s["origin"] != "plan" else ""
         line = f"  {s['action']:<8} {s['id']:<{id_w}}  {added}{s['reason']}"
-        _say(line, one_line=True)
+        say(line, one_line=True)
         for change in s["changed"]:
-            _say(f"  {'':<8} {'':<{id_w}}    changed: {change}", one_line=True)
+            say(f"  {'':<8} {'':<{id_w}}    changed: {change}", one_line=True)
 
 
 # --- logs / history --------------------------------------------------------------------------
@@ -601,7 +566,7 @@ def logs(
             else (Path(row["log_path"]) if row["log_path"] else None)
         )
         if log is None or not log.exists():
-            _say(
+            say(
                 f"no output recorded for {task_id}" + (f" in run {run_id}" if run_id else ""),
                 err=True,
             )
@@ -610,7 +575,7 @@ def logs(
             if raw:
                 click.echo(str(log))
             else:
-                _say(str(log))
+                say(str(log))
             return
         # A process's control and format characters shown escaped, on a terminal and in a
         # pipe (a pipe often ends on one, through `less -R` or a paste); --raw for the bytes.
@@ -710,7 +675,7 @@ def history(
             if as_json:
                 click.echo(json.dumps({"transitions": rows}, indent=2))
             for r in [] if as_json else rows:  # a store's text, whatever wrote it
-                _say(
+                say(
                     f"{r['at']}  run #{r['run_id'] or '-':<3} {r['task_id']:<20} "
                     f"{r['from_status'] or '-':>11} -> {r['to_status']:<11} {r['reason'] or ''}",
                     one_line=True,
@@ -725,7 +690,7 @@ def history(
         click.echo(json.dumps({"runs": runs}, indent=2))
         return
     for r in runs:
-        _say(
+        say(
             f"#{r['id']:<4} {r['started_at']}  {r['outcome'] or 'running':<11} "
             f"pid {r['pid']}@{r['host']}  {r['argv']}",
             one_line=True,
@@ -769,7 +734,7 @@ def reset(plan_file: Path, store_opt: str | None, yes: bool) -> None:
     runbook = Runbook(plan_file, store_opt)
     path = runbook.store_path
     if not path.exists() and not path.is_symlink():  # a fresh clone: already a fresh start
-        _say(f"no store at {path} yet: nothing to reset")
+        say(f"no store at {path} yet: nothing to reset")
         return
     ask = (lambda q: _confirm(q, "--yes", "to reset without asking")) if not yes else None
     _forgotten(runbook, runbook.reset(ask) if ask else runbook.reset())
@@ -779,7 +744,7 @@ def _forgotten(runbook: Runbook, done: list[str]) -> None:
     from orchestrator.core.terminal import plural
 
     where = runbook.store_path
-    _say(f"{plural(len(done), 'task')} forgotten in {where}: {', '.join(done) or '-'}")
+    say(f"{plural(len(done), 'task')} forgotten in {where}: {', '.join(done) or '-'}")
 
 
 def _confirm(question: str, flag: str, what: str) -> bool:
@@ -905,7 +870,7 @@ def report(
     else:
         from orchestrator.core.terminal import plural
 
-        _say(f"{page} ({plural(len(figures), 'figure')} beside it)")
+        say(f"{page} ({plural(len(figures), 'figure')} beside it)")
     if failed:  # the page is written; its failed sections say why, as stderr does
         from orchestrator.core.errors import EXIT_FAILED
         from orchestrator.core.terminal import clean
@@ -988,7 +953,7 @@ def todo_add(
         if "kind" in definition  # --kind sets it; --yaml may
         else "a todo: set its status with `orch todo set`"
     )
-    _say(f"added {task_id} ({what})")
+    say(f"added {task_id} ({what})")
 
 
 @todo.command("set")
@@ -1006,7 +971,7 @@ def todo_set(
     from orchestrator.run.todos import status_of
 
     Runbook(plan_file, store_opt).set_todo(task_id, status_of(status_word), note, "person")
-    _say(f"{task_id}: {status_word}")
+    say(f"{task_id}: {status_word}")
 
 
 @todo.command("rm")
@@ -1018,7 +983,7 @@ def todo_rm(plan_file: Path, task_id: str, store_opt: str | None) -> None:
     from orchestrator.api import Runbook
 
     Runbook(plan_file, store_opt).remove_task(task_id, "person")
-    _say(f"removed {task_id}")
+    say(f"removed {task_id}")
 
 
 @todo.command("note")
@@ -1053,7 +1018,7 @@ def todo_note(
         except ValueError as exc:
             raise UsageError(f"--finding: {exc}") from None
     Runbook(plan_file, store_opt).record(task_id, "person", text, key, value, unit)
-    _say(f"noted on {task_id}")
+    say(f"noted on {task_id}")
 
 
 @cli.command()
@@ -1085,7 +1050,7 @@ def events(
             if as_json:
                 click.echo(json.dumps(e))
             else:
-                _say(format_event(e), one_line=True)
+                say(format_event(e), one_line=True)
     except KeyboardInterrupt:
         return
 
@@ -1226,13 +1191,13 @@ def fleet_run(
         new_roll,
         install=install,
     )
-    say = functools.partial(_say, err=as_json)  # hosts' names and answers: shown cleaned
-    roller = Roller(plan_file, var_args, options, say)
+    tell = functools.partial(say, err=as_json)  # hosts' names and answers: shown cleaned
+    roller = Roller(plan_file, var_args, options, tell)
     summary = roller.run()
     if as_json:
         click.echo(json.dumps({**_fleet_doc(plan_file), "exit_code": summary.exit_code}, indent=2))
     else:
-        _say(summary.message)
+        tell(summary.message)
     sys.exit(summary.exit_code)
 
 
@@ -1253,7 +1218,7 @@ def fleet_approve(plan_file: Path, note: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"roll": roll.id, "approved_by": roll.approved_by, "note": note}))
     else:
-        _say(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
+        say(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
 
 
 @fleet.command("status")
@@ -1337,15 +1302,9 @@ def _open_store(path: Path) -> Store:
     return Store.open(path, create=False)
 
 
-def main() -> NoReturn:
-    """Console entry point."""
-    from orchestrator.core.umask import private_files
-
-    private_files()  # the store, lock and logs are the user's alone (tasks keep their umask)
-    # Started with `&` from a script, a process inherits SIGINT ignored (POSIX) and Python
-    # installs no handler: `kill -INT` (or Ctrl-C at a prompt) would do nothing. Every
-    # command stays interruptible.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+def run_cli() -> int:
+    """The full command line (click); the shortcut (shortcut.py) comes first. The code to
+    exit with."""
     try:
         # Without standalone mode click returns the code of ctx.exit() instead of exiting.
         code = cli.main(standalone_mode=False)
@@ -1354,15 +1313,6 @@ def main() -> NoReturn:
     except click.ClickException as exc:
         exc.show()
         code = EXIT_USAGE
-    except (click.exceptions.Abort, KeyboardInterrupt):
+    except click.exceptions.Abort:
         code = EXIT_INTERRUPTED
-    except BrokenPipeError:  # `orch status | head`: not an error
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_OK
-    finally:
-        # All that is alive now lives until exit: spare the interpreter's final collection of
-        # it (~100 ms after a 1000-task run, bench/bench_engine.py). Also on sys.exit().
-        import gc
-
-        gc.freeze()
-    sys.exit(code if isinstance(code, int) else EXIT_OK)
+    return code if isinstance(code, int) else EXIT_OK

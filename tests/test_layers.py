@@ -19,7 +19,7 @@ ENGINE = Path(__file__).resolve().parent.parent / "orchestrator"
 # Lowest first. Top-level modules (api, cli, __init__, __main__) are the front: they may import
 # anything; nothing below may import them.
 LAYERS = ["core", "proc", "store", "kinds", "plan", "run", "views", "api", "agent", "fleet", "cli"]
-FRONT = {"__init__": "cli", "__main__": "cli", "api": "api", "cli": "cli"}
+FRONT = {"__init__": "cli", "__main__": "cli", "api": "api", "cli": "cli", "shortcut": "cli"}
 
 
 def module_name(path: Path) -> str:

@@ -100,7 +100,7 @@ def test_orch_status_does_not_import_rows_at_run_time(tmp_path: Path) -> None:
     store = Store.open(tmp_path / "s.db")
     store.close()
     code = (
-        "import sys\nfrom orchestrator.cli import main\n"
+        "import sys\nfrom orchestrator.shortcut import main\n"
         "sys.argv = ['orch', 'status', '--store', sys.argv[1]]\n"
         "try:\n    main()\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
         "assert 'orchestrator.store.rows' not in sys.modules, 'rows imported'\n"
