@@ -8,6 +8,7 @@ the same build. The first tests need no host: the host command and the roll's ar
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import shutil
@@ -27,6 +28,7 @@ from hypothesis import strategies as st
 from orchestrator.core.errors import UsageError
 from orchestrator.fleet.ansible import HostResult
 from orchestrator.fleet.build import build_id
+from orchestrator.fleet.folder import FileEntry, Shipped, entries
 from orchestrator.fleet.host import Payload, PlanFiles, place_plan, read_payload
 from orchestrator.fleet.roll import batch_size, batches_of, judge
 
@@ -86,8 +88,13 @@ def host_command(payload: dict[str, Any], cwd: Path) -> dict[str, Any]:
     return answer
 
 
-def payload(home: Path, text: str, **extra: Any) -> dict[str, Any]:
-    plan = {"name": "mini", "file": "mini.yaml", "text": text, "modules": {}}
+def payload(
+    home: Path, text: str, modules: dict[str, str] | None = None, **extra: Any
+) -> dict[str, Any]:
+    shipped = [
+        Shipped(n, t.encode(), False) for n, t in {"mini.yaml": text, **(modules or {})}.items()
+    ]
+    plan = {"name": "mini", "file": "mini.yaml", "files": entries(shipped, {})}
     return {"build": build_id(), "plan": plan, "home": str(home), "vars": [], **extra}
 
 
@@ -104,8 +111,8 @@ def test_the_host_command_runs_the_plan_in_its_home_and_answers_in_one_json_line
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    ask = payload(home, MINI, vars=["n=7"])
-    ask["plan"]["modules"] = {"helper.py": "def shout(ctx):\n    print('{\"not\": 1}')\n"}
+    helper = {"helper.py": "def shout(ctx):\n    print('{\"not\": 1}')\n"}
+    ask = payload(home, MINI, helper, vars=["n=7"])
     answer = host_command(ask, tmp_path)
     assert answer["result"]["exit_code"] == 0, answer
     assert [t["status"] for t in answer["board"]] == ["completed", "completed"]
@@ -128,6 +135,7 @@ def test_the_host_command_refuses_another_build_and_names_both(tmp_path: Path) -
 def test_the_host_command_places_plain_file_names_only(tmp_path: Path, name: str) -> None:
     ask = payload(tmp_path / "home", MINI)
     ask["plan"]["file"] = name
+    ask["plan"]["files"][name] = ask["plan"]["files"]["mini.yaml"]
     answer = host_command(ask, tmp_path)
     assert answer["exit_code"] == 2 and "not a plain file name" in answer["error"]
     assert not (tmp_path / "evil.yaml").exists()
@@ -139,8 +147,9 @@ def test_place_plan_never_writes_outside_its_folder(name: str) -> None:
 
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as tmp:
         home = Path(tmp) / "home"
+        entry = FileEntry(sha256=hashlib.sha256(b"x").hexdigest(), data="eA==")
         try:
-            placed = place_plan(home, PlanFiles(name="p", file=name, text="x"))
+            placed, _ = place_plan(home, PlanFiles(name="p", file=name, files={name: entry}))
         except (ValueError, OSError):
             return
         assert placed.resolve().parent == (home / "p").resolve()
@@ -562,3 +571,45 @@ def test_sigterm_stops_the_controller_not_the_hosts_and_the_next_run_collects_th
         "web4": "completed",
     }
     assert done_log(web1) == ["install", "bench"]  # collected, not run again
+
+
+SCRIPTED = """\
+name: scripted
+files: [scripts/*.sh]
+tasks:
+  - id: check
+    kind: shell
+    params: {command: ./scripts/check.sh}
+"""
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_plan_runs_a_script_from_its_folder_sent_once_and_again_where_lost(
+    site: Any, tmp_path: Path
+) -> None:
+    """The script travels with the plan (executable); the next roll sends it by digest alone,
+    and the host that lost it asks for it and gets it."""
+    web1, web2, web3 = site.hosts
+    folder = tmp_path / "plan"
+    (folder / "scripted.yaml").write_text(SCRIPTED)
+    (folder / "scripts").mkdir()
+    script = folder / "scripts" / "check.sh"
+    script.write_text("#!/bin/sh\necho check >> /var/tmp/done.log\necho ::finding checked=1\n")
+    script.chmod(0o755)
+    inv = inventory(site, tmp_path)
+    roll = ["fleet", "run", folder / "scripted.yaml", "-i", inv, "--canary", "0", "--serial", "3"]
+    first = run_orch(*roll, timeout=240)
+    assert first.returncode == 0, first.stdout + first.stderr
+    for h in site.hosts:
+        assert done_log(h) == ["check"], h.name
+    on_web2 = web2.private(f"{HOME}/scripted/scripts/check.sh")
+    assert on_web2.read_bytes() == script.read_bytes()
+    on_web2.unlink()
+    again = run_orch(*roll, "--new-roll", timeout=240)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "web2 lacks 1 of the plan's files: sent" in again.stdout, again.stdout
+    assert "web1 lacks" not in again.stdout and "web3 lacks" not in again.stdout
+    assert on_web2.read_bytes() == script.read_bytes() and os.access(on_web2, os.X_OK)
+    for h in site.hosts:
+        assert done_log(h) == ["check"], h.name  # their stores say it is done: not run again

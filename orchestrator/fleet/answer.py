@@ -29,6 +29,7 @@ from pydantic_core import ErrorDetails
 from orchestrator.core.findings import FindingValue
 from orchestrator.core.status import RunOutcome, Status
 from orchestrator.core.terminal import clean
+from orchestrator.fleet.folder import MAX_FILES
 
 # A board of a thousand tasks with their findings is well under 1 MiB; far more is no answer
 # orch writes, and is not parsed.
@@ -83,11 +84,24 @@ class RunResult(_Strict):
     store: str | None = None
 
 
+Sha256 = Annotated[str, Field(pattern="^[0-9a-f]{64}$")]
+
+
 class Ran(_Strict):
-    """The plan ran there (or had nothing left to do): its run and its board."""
+    """The plan ran there (or had nothing left to do): its run, its board, and the plan's
+    files it holds (name -> sha256: what need not be sent again)."""
 
     result: RunResult
     board: list[BoardTask]
+    build: str
+    files: dict[str, Sha256] = Field({}, max_length=MAX_FILES)
+
+
+class Missing(_Strict):
+    """Files the payload sent by digest alone that the host does not hold (any more): the
+    controller sends them whole."""
+
+    missing: list[str] = Field(min_length=1, max_length=MAX_FILES)
     build: str
 
 
@@ -118,21 +132,24 @@ def _kind(doc: Any) -> str:
     """Which answer a document is, by its key (as host.py writes them); anything that is not
     an object is read as `ran`, whose schema then says so."""
     if isinstance(doc, dict):
-        return "refused" if "refused" in doc else "errored" if "error" in doc else "ran"
+        for key, kind in (("refused", "refused"), ("error", "errored"), ("missing", "missing")):
+            if key in doc:
+                return kind
     return "ran"
 
 
 Answer = Annotated[
     Annotated[Ran, Tag("ran")]
     | Annotated[Refused, Tag("refused")]
-    | Annotated[Errored, Tag("errored")],
+    | Annotated[Errored, Tag("errored")]
+    | Annotated[Missing, Tag("missing")],
     Discriminator(_kind),
 ]
-_ANSWER: TypeAdapter[Ran | Refused | Errored] = TypeAdapter(Answer)
+_ANSWER: TypeAdapter[Ran | Refused | Errored | Missing] = TypeAdapter(Answer)
 BOARD: TypeAdapter[list[BoardTask]] = TypeAdapter(list[BoardTask])
 
 
-def read_answer(stdout: str) -> Ran | Refused | Errored | Unreadable | None:
+def read_answer(stdout: str) -> Ran | Refused | Errored | Missing | Unreadable | None:
     """The host's answer: its stdout's last non-empty line (what a `python` task prints goes
     to stderr there, so noise before it is not its orch's). None when there is no line."""
     lines = [line for line in stdout.split("\n") if line.strip()]

@@ -1,18 +1,21 @@
 """orch's side of a fleet batch, on each host: `python -P -m orchestrator.fleet.host`.
 
 Ansible runs this once per host and batch, with a payload on stdin (base64 of JSON):
-{"build", "plan": {"name", "file", "text", "modules": {name: text}}, "vars": ["K=V", ...],
-"home", "approve": [...], "wait_s", "argv"}. It
+{"build", "plan": {"name", "file", "files": {name: {"sha256", "executable", "data"?}}},
+"vars": ["K=V", ...], "home", "approve": [...], "wait_s", "argv"}. It
 
 1. refuses to run when this host's orch is not the controller's build (said in the answer);
-2. writes the plan and its own modules into `<home>/<plan name>/` (only what changed), so the
-   host's store is `<home>/<plan name>/.orch/<plan name>.db`, and `orch status` there reads it;
+2. places the plan's folder (the plan, its modules, its `files:`; folder.py) in
+   `<home>/<plan name>/` (only what changed), so the host's store is
+   `<home>/<plan name>/.orch/<plan name>.db`, and `orch status` there reads it; a file sent
+   by digest alone that is not there is asked for: {"missing": [names], "build"};
 3. waits while an earlier run of that store is still alive (a controller killed mid-roll
    leaves its batch's runs going; the next roll waits for them instead of running twice);
 4. runs the plan through the engine API as `orch run` would (resuming from its own store; on
    a failure its compensations run here, on this host);
-5. answers on stdout with one JSON object: {"result": {...}, "board": [...], "build": ...},
-   or {"refused": ..., "build": ...}, or {"error": ..., "exit_code": ...}.
+5. answers on stdout with one JSON object: {"result": {...}, "board": [...], "build": ...,
+   "files": {name: sha256}}, or {"refused": ..., "build": ...}, or {"error": ...,
+   "exit_code": ...}.
 
 The answer holds the board as the host's store has it (masked there: secrets never leave the
 host), without output tails. Log lines go to stderr, which the controller does not keep.
@@ -34,6 +37,7 @@ from orchestrator.core.errors import OrchError
 from orchestrator.core.umask import private_files
 from orchestrator.fleet.answer import BoardTask, Finding
 from orchestrator.fleet.build import build_id
+from orchestrator.fleet.folder import MAX_FILES, FileEntry, held, place
 
 if TYPE_CHECKING:
     from orchestrator.api import Runbook
@@ -55,20 +59,14 @@ def board_of(status: dict[str, Any]) -> list[dict[str, Any]]:
     ]
 
 
-def place_plan(home: Path, plan: PlanFiles) -> Path:
-    """The plan and its modules in their folder; a file whose text is unchanged is left as it
-    is (its mtime too)."""
+def place_plan(home: Path, plan: PlanFiles) -> tuple[Path, list[str]]:
+    """The plan's folder placed (fleet/folder.py): its plan file, and the names sent by
+    digest alone that this host does not hold."""
     folder = home / _plain(plan.name)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-    files = {plan.file: plan.text, **plan.modules}
-    for name, text in files.items():
-        target = folder / _plain(name)
-        if target.is_file() and target.read_text(encoding="utf-8") == text:
-            continue
-        partial = target.with_name(f".{target.name}.partial")
-        partial.write_text(text, encoding="utf-8")
-        os.replace(partial, target)
-    return folder / _plain(plan.file)
+    if plan.file not in plan.files:
+        raise ValueError(f"the plan file {plan.file[:80]!r} is not among the files sent")
+    return folder / _plain(plan.file), place(folder, plan.files)
 
 
 def _plain(name: str) -> str:
@@ -92,9 +90,8 @@ def wait_for_holder(runbook: Runbook, wait_s: float, say: TextIO) -> str | None:
 
 class PlanFiles(BaseModel, extra="forbid"):
     name: str
-    file: str
-    text: str
-    modules: dict[str, str] = {}
+    file: str  # one of `files`
+    files: dict[str, FileEntry] = Field(max_length=MAX_FILES)
 
 
 class Payload(BaseModel, extra="forbid"):
@@ -151,7 +148,10 @@ def main() -> int:
 
     stoppable()
     try:
-        plan_file = place_plan(Path(payload.home), payload.plan)
+        plan_file, missing = place_plan(Path(payload.home), payload.plan)
+        if missing:
+            emit({"missing": missing, "build": here})
+            return 0
         os.chdir(plan_file.parent)
         runbook = Runbook(plan_file, None, payload.vars)
         holder = wait_for_holder(runbook, payload.wait_s, sys.stderr)
@@ -176,7 +176,8 @@ def main() -> int:
         "run": summary.run_id,
         "store": str(summary.store.resolve()),
     }
-    emit({"result": result, "board": board, "build": here})
+    files = held(plan_file.parent, list(payload.plan.files))
+    emit({"result": result, "board": board, "build": here, "files": files})
     return 0
 
 

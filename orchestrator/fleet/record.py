@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import closing
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -60,6 +60,12 @@ CREATE TABLE IF NOT EXISTS hosts (
     ended_at REAL,
     board TEXT,
     PRIMARY KEY (roll_id, host)
+);
+CREATE TABLE IF NOT EXISTS held_files (
+    host TEXT NOT NULL,
+    name TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    PRIMARY KEY (host, name)
 );
 CREATE TABLE IF NOT EXISTS moves (
     id INTEGER PRIMARY KEY,
@@ -323,23 +329,42 @@ class FleetRecord:
         state: str,
         detail: str | None,
         board: Sequence[BoardTask] | None = None,
+        files: Mapping[str, str] | None = None,
     ) -> None:
+        """`files`: the plan's files the host said it holds (name -> sha256), replacing what
+        was known of it; None: unknown, kept."""
         assert state in HOST_STATES, state
         now = time.time()
         keep = "board" if board is None else "?"
         args: list[Any] = [state, detail, now] + (
             [] if board is None else [BOARD.dump_json(list(board)).decode()]
         )
-        self._write(
-            [
-                (
-                    f"UPDATE hosts SET state=?, detail=?, ended_at=?, board={keep}"
-                    " WHERE roll_id=? AND host=?",
-                    (*args, roll_id, host),
-                ),
-                _move(roll_id, host, state, detail),
+        statements: list[tuple[str, Sequence[Any]]] = [
+            (
+                f"UPDATE hosts SET state=?, detail=?, ended_at=?, board={keep}"
+                " WHERE roll_id=? AND host=?",
+                (*args, roll_id, host),
+            ),
+            _move(roll_id, host, state, detail),
+        ]
+        if files is not None:
+            statements.append(("DELETE FROM held_files WHERE host=?", (host,)))
+            statements += [
+                ("INSERT INTO held_files (host, name, sha256) VALUES (?, ?, ?)", (host, n, d))
+                for n, d in files.items()
             ]
-        )
+        self._write(statements)
+
+    def held_files(self, hosts: Sequence[str]) -> dict[str, dict[str, str]]:
+        """host -> {name: sha256} of the plan's files each held at its last answer. Read as
+        a hint only: a row that is not two strings is left out (that file is sent whole)."""
+        found: dict[str, dict[str, str]] = {}
+        wanted = set(hosts)
+        for row in self._select("SELECT host, name, sha256 FROM held_files"):
+            host, name, digest = row["host"], row["name"], row["sha256"]
+            if host in wanted and isinstance(name, str) and isinstance(digest, str):
+                found.setdefault(host, {})[name] = digest
+        return found
 
     def moves(self, roll_id: int) -> list[dict[str, Any]]:
         rows = self._select("SELECT * FROM moves WHERE roll_id=? ORDER BY id", (roll_id,))

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +44,19 @@ from orchestrator.fleet.answer import (
     BoardTask,
     Errored,
     Finding,
+    Missing,
+    Ran,
     Refused,
     Unreadable,
     one_line,
     read_answer,
 )
 from orchestrator.fleet.build import build_id
+from orchestrator.fleet.folder import collect, entries
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
 from orchestrator.fleet.record import DONE, UNREADABLE, FleetRecord, Roll, record_path
+
+Answered = Ran | Refused | Errored | Missing | Unreadable
 
 # A new roll's batches when --serial, --canary and --max-fail are not given: one host a batch,
 # a canary of one, and any failure stops the roll (as before --max-fail).
@@ -148,6 +152,7 @@ class Roller:
         self.say = say
         self.runbook = Runbook(plan_file, None, var_args)
         self.plan = self.runbook.load()  # a bad plan stops here, before any host is reached
+        self.shipped = collect(plan_file, self.plan.files)  # and a folder that cannot travel
         self.var_args = tuple(var_args)
         self.record_path = record_path(self.runbook.store_path)
         self.stopping = threading.Event()
@@ -325,17 +330,28 @@ class Roller:
         roll: Roll,
         hosts: Sequence[str],
         inventory: dict[str, InventoryHost],
+        whole: bool = False,
     ) -> None:
-        """The plan to `hosts`, recorded running first; each answer recorded as it comes."""
-        payloads = {h: self._payload(roll, inventory[h]) for h in hosts}
+        """The plan to `hosts`, recorded running first; each answer recorded as it comes. The
+        files a host held at its last answer go by digest alone, unless `whole`: a host that
+        answers it lacks some is sent them all at once, in a second play."""
+        held = {} if whole else record.held_files(hosts)
+        payloads = {h: self._payload(roll, inventory[h], held.get(h, {})) for h in hosts}
         argv = {h: _host_argv(inventory[h]) for h in hosts}
         record.start_hosts(roll.id, hosts)
         started = time.monotonic()
         waiting = set(hosts)
+        lacking: list[str] = []
 
         def on_result(result: HostResult) -> None:
-            state, detail, board = judge(result, argv[result.host][0])
-            record.finish_host(roll.id, result.host, state, detail, board)
+            answer = read_answer(result.stdout)
+            if isinstance(answer, Missing) and not whole:
+                lacking.append(result.host)
+                self.say(f"  {result.host} lacks {len(answer.missing)} of the plan's files: sent")
+                return
+            state, detail, board = judge(result, argv[result.host][0], answer)
+            files = answer.files if isinstance(answer, Ran) else None
+            record.finish_host(roll.id, result.host, state, detail, board, files)
             waiting.discard(result.host)
             took = _took(time.monotonic() - started)
             self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
@@ -350,6 +366,8 @@ class Roller:
                 work=self.work,
                 cancel=self.stopping.is_set,
             )
+        if lacking and not self.stopping.is_set():
+            self._send(record, roll, lacking, inventory, whole=True)
 
     def _install(
         self,
@@ -399,14 +417,18 @@ class Roller:
         """Ansible's private files and the wheels: beside the record, the user's alone."""
         return self.record_path.with_suffix(".d")
 
-    def _payload(self, roll: Roll, host: InventoryHost) -> str:
+    def _payload(self, roll: Roll, host: InventoryHost, held: dict[str, str]) -> str:
         import base64
 
         declared = set(self.plan.vars)
         host_vars = [f"{k}={json.dumps(v)}" for k, v in host.vars.items() if k in declared]
         doc = {
             "build": build_id(),  # this controller's, also on a roll begun by an older one
-            "plan": self._plan_files,
+            "plan": {
+                "name": self.plan.name,
+                "file": self.plan_file.name,
+                "files": entries(self.shipped, held),
+            },
             "vars": host_vars + list(self.var_args),  # the command line's --var wins
             "home": str(host.vars.get("orch_home", DEFAULT_HOME)),
             "approve": list(self.options.approve),
@@ -414,21 +436,6 @@ class Roller:
             "argv": ["orch", "fleet", "run", self.plan_file.name, f"(roll #{roll.id})"],
         }
         return base64.b64encode(json.dumps(doc).encode()).decode()
-
-    @cached_property
-    def _plan_files(self) -> dict[str, Any]:
-        """The plan file and the modules beside it, read once for every host of the roll."""
-        folder = self.plan_file.parent
-        return {
-            "name": self.plan.name,
-            "file": self.plan_file.name,
-            "text": self.plan_file.read_text(encoding="utf-8"),
-            "modules": {
-                p.name: p.read_text(encoding="utf-8")
-                for p in sorted(folder.glob("*.py"))
-                if p.is_file()
-            },
-        }
 
     @contextmanager
     def _stoppable(self) -> Iterator[None]:
@@ -461,17 +468,21 @@ def approve_roll(store: Path, note: str | None) -> Roll:
         record.close()
 
 
-def judge(result: HostResult, python: str) -> tuple[str, str | None, list[BoardTask] | None]:
-    """A host's state, a one-line detail and its board, from what Ansible brought back. The
-    detail carries the host's (or Ansible's) words: escaped and cut here, once."""
-    state, detail, board = _judge(result, python)
+def judge(
+    result: HostResult, python: str, answer: Answered | None = None
+) -> tuple[str, str | None, list[BoardTask] | None]:
+    """A host's state, a one-line detail and its board, from what Ansible brought back (and
+    the answer in its stdout, when already read). The detail carries the host's (or
+    Ansible's) words: escaped and cut here, once."""
+    state, detail, board = _judge(result, python, answer or read_answer(result.stdout))
     return state, one_line(detail) if detail else None, board
 
 
-def _judge(result: HostResult, python: str) -> tuple[str, str | None, list[BoardTask] | None]:
+def _judge(
+    result: HostResult, python: str, answer: Answered | None
+) -> tuple[str, str | None, list[BoardTask] | None]:
     if not result.reached:
         return "unreachable", last_line(result.msg) or "Ansible could not reach it", None
-    answer = read_answer(result.stdout)
     if answer is None:
         said = last_line(result.stderr) or last_line(result.msg)
         # The command module could not execute it: rc 2 and not a word from the program.
@@ -490,6 +501,8 @@ def _judge(result: HostResult, python: str) -> tuple[str, str | None, list[Board
         return "refused", answer.refused, None
     if isinstance(answer, Errored):
         return "error", last_line(answer.error), None
+    if isinstance(answer, Missing):  # after they were sent whole
+        return "error", f"the plan's files are not there once sent: {answer.missing[0]}", None
     board, code = answer.board, answer.result.exit_code
     if code == EXIT_OK:
         return "completed", _headline(board), board

@@ -159,6 +159,16 @@ class CheckSpec(BaseModel):
     every: PollEvery = Field(2.0, description="seconds between polls while waiting")
 
 
+def _within_folder(pattern: str) -> str:
+    """A `files:` entry: a path or glob under the plan's folder, never out of it."""
+    parts = pattern.split("/")
+    if not pattern or pattern.startswith("/") or ".." in parts or "\0" in pattern:
+        raise ValueError("a path under the plan's folder, such as scripts/check.sh or data/*")
+    if parts[0] == ".orch":
+        raise ValueError("the plan's .orch folder is its host's own, not sent")
+    return pattern
+
+
 class PlanHeader(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
@@ -174,6 +184,9 @@ class PlanHeader(BaseModel):
     # Tasks run at the end of every run that did work, whatever its outcome (or first thing in
     # the next run, if this one was killed).
     finally_: list[Any] = Field([], alias="finally")
+    # What travels with the plan to a fleet's hosts besides it and the *.py beside it
+    # (fleet/folder.py); absent: the whole folder but .orch.
+    files: list[Annotated[str, AfterValidator(_within_folder)]] | None = None
 
 
 @dataclass
@@ -231,6 +244,7 @@ class Plan:
     added: dict[str, str] = field(default_factory=dict)  # added task id -> origin
     # Compensations and `finally` tasks: outside the flow, run by the engine when due.
     guards: list[PlannedTask] = field(default_factory=list)
+    files: tuple[str, ...] | None = None  # the plan's `files:` (None: not given)
     by_id: dict[str, PlannedTask] = field(default_factory=dict)
     dependents: dict[str, list[str]] = field(default_factory=dict)
 
@@ -480,6 +494,7 @@ def _load_plan(
         jobs=header.jobs,
         resources=dict(header.resources),
         guards=guards,
+        files=None if header.files is None else tuple(header.files),
     )
 
 
