@@ -613,3 +613,48 @@ def test_a_plan_runs_a_script_from_its_folder_sent_once_and_again_where_lost(
     assert on_web2.read_bytes() == script.read_bytes() and os.access(on_web2, os.X_OK)
     for h in site.hosts:
         assert done_log(h) == ["check"], h.name  # their stores say it is done: not run again
+
+
+WAITS = """\
+name: waits
+tasks:
+  - {id: first, kind: shell, params: {command: "true"}}
+  - id: held
+    kind: shell
+    needs: [first]
+    params: {command: "while [ ! -e /var/tmp/go ]; do sleep 0.2; done"}
+  - {id: last, kind: shell, needs: [held], params: {command: "true"}}
+"""
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_running_hosts_progress_is_on_the_board_while_it_runs(site: Any, tmp_path: Path) -> None:
+    """A step that holds until told: the board says where each host is before any answers."""
+    plan = tmp_path / "plan" / "waits.yaml"
+    plan.write_text(WAITS)
+    inv = inventory(site, tmp_path)
+    controller = start_orch("fleet", "run", plan, "-i", inv, "--canary", "0", "--serial", "3")
+    held = {"done": 1, "total": 3, "running": ["held"]}
+
+    def all_held() -> bool:
+        done = run_orch("fleet", "status", plan, "--json")
+        hosts = json.loads(done.stdout)["hosts"] if done.returncode == 0 else []
+        return bool(hosts) and all(h["progress"] == held for h in hosts)
+
+    try:
+        wait_for(all_held, timeout=60, what="each host's progress on the board")
+        board = run_orch("fleet", "status", plan).stdout
+        assert board.count("1/3 done, at held") == 3, board
+        for h in site.hosts:
+            h.run(["touch", "/var/tmp/go"])
+        out, err = controller.communicate(timeout=120)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate()
+        for h in site.hosts:
+            h.run(["rm", "-f", "/var/tmp/go"])
+    assert controller.returncode == 0, out + err
+    hosts = fleet_json(plan)["hosts"]
+    assert [(h["state"], h["progress"]) for h in hosts] == [("completed", None)] * 3

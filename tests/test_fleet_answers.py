@@ -280,3 +280,32 @@ def test_a_file_that_is_no_fleet_record_is_one_line(tmp_path: Path) -> None:
     done = run_orch("fleet", "status", plan)
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert "is not a readable fleet record: no such column" in done.stderr
+
+
+def test_a_progress_answer_counts_the_plans_own_tasks_and_names_the_running() -> None:
+    from orchestrator.fleet.answer import progress_line, read_progress
+
+    line = json.dumps(
+        {
+            "progress": [
+                {"id": "a", "status": "completed", "role": None},
+                {"id": "b", "status": "skipped", "role": None},
+                {"id": "c", "status": "in_progress", "role": None},
+                {"id": "d", "status": "pending", "role": None},
+                {"id": "undo_a", "status": "pending", "role": "compensation"},
+            ]
+        }
+    )
+    board = read_progress("noise\n" + line)
+    assert board is not None and progress_line(board) == "2/4 done, at c"
+
+
+@pytest.mark.parametrize(
+    "stdout",
+    ["", "not json", '{"progress": "all"}', '{"progress": [{"id": 1, "status": "done"}]}',
+     '{"progress": [], "extra": 1}', '{"progress": [{"id": "a", "status": "weird"}]}'],
+)  # fmt: skip
+def test_a_progress_answer_that_is_not_one_is_ignored(stdout: str) -> None:
+    from orchestrator.fleet.answer import read_progress
+
+    assert read_progress(stdout) is None

@@ -105,6 +105,47 @@ class Missing(_Strict):
     build: str
 
 
+class Progress(_Strict):
+    """A running host's tasks as its store has them now (progress.py's answer)."""
+
+    progress: list[BoardTask] = Field(max_length=100_000)
+
+
+_PROGRESS: TypeAdapter[Progress] = TypeAdapter(Progress)
+
+
+def read_progress(stdout: str) -> list[BoardTask] | None:
+    """The tasks of a progress answer's last line; None for anything that is not one (a
+    progress answer is a hint: what does not validate is ignored, the host's own answer says
+    the rest)."""
+    lines = [line for line in stdout.split("\n") if line.strip()]
+    if not lines or len(lines[-1]) > MAX_ANSWER:
+        return None
+    try:
+        return _PROGRESS.validate_json(lines[-1]).progress
+    except ValidationError:
+        return None
+
+
+def progress_of(board: Sequence[BoardTask]) -> dict[str, Any]:
+    """A running host's plan tasks done (completed or skipped), of how many, and what it runs
+    now; its compensations and `finally` tasks are not counted."""
+    flow = [t for t in board if t.role is None]
+    return {
+        "done": sum(t.status.done for t in flow),
+        "total": len(flow),
+        "running": [t.id for t in board if t.status is Status.IN_PROGRESS],
+    }
+
+
+def progress_line(board: Sequence[BoardTask]) -> str:
+    """`2/5 done, at bench`."""
+    p = progress_of(board)
+    return f"{p['done']}/{p['total']} done" + (
+        f", at {', '.join(p['running'])}" if p["running"] else ""
+    )
+
+
 class _Words(BaseModel):
     # May come from another build (the build check and the payload's reading come first):
     # only the words are read, anything beside them ignored.

@@ -12,6 +12,7 @@ from typing import Any
 
 from orchestrator.core.status import Status
 from orchestrator.core.terminal import clean, plural, terminal_width
+from orchestrator.fleet.answer import progress_of
 from orchestrator.fleet.record import FleetRecord, Roll
 from orchestrator.views.board import MARKS, Painter, iso
 
@@ -62,6 +63,8 @@ def fleet_status(record: FleetRecord, roll: Roll) -> dict[str, Any]:
                 "started_at": iso(h.started_at),
                 "ended_at": iso(h.ended_at),
                 "tasks": [t.model_dump(mode="json") for t in h.board],
+                # while it runs: as its store said at the last poll (fleet/progress.py)
+                "progress": progress_of(h.board) if h.state == "running" and h.board else None,
             }
             for h in record.hosts(roll.id)
         ],

@@ -25,7 +25,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager, closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,11 +49,14 @@ from orchestrator.fleet.answer import (
     Refused,
     Unreadable,
     one_line,
+    progress_line,
     read_answer,
+    read_progress,
 )
 from orchestrator.fleet.build import build_id
 from orchestrator.fleet.folder import collect, entries
 from orchestrator.fleet.inventory import InventoryHost, read_inventory
+from orchestrator.fleet.progress import PROGRESS_S
 from orchestrator.fleet.record import DONE, UNREADABLE, FleetRecord, Roll, record_path
 
 Answered = Ran | Refused | Errored | Missing | Unreadable
@@ -356,7 +359,7 @@ class Roller:
             took = _took(time.monotonic() - started)
             self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
 
-        with _heartbeat(self.say, waiting, self.stopping):
+        with _heartbeat(self.say, waiting, self.stopping), self._progress(roll, waiting, inventory):
             run_command(
                 self.options.inventory,
                 hosts,
@@ -368,6 +371,42 @@ class Roller:
             )
         if lacking and not self.stopping.is_set():
             self._send(record, roll, lacking, inventory, whole=True)
+
+    def _progress(
+        self, roll: Roll, waiting: set[str], inventory: dict[str, InventoryHost]
+    ) -> AbstractContextManager[None]:
+        """Every PROGRESS_S while a batch runs: the hosts still running asked, in one play,
+        what their stores say now (fleet/progress.py), each answer put on the board. Its own
+        connection to the record (another thread), its own folder for Ansible's files."""
+        name = self.plan.name
+
+        def ask(_: float) -> None:
+            hosts = sorted(waiting)
+            if not hosts or self.stopping.is_set():
+                return
+            argv = {
+                h: [_host_argv(inventory[h])[0], "-P", "-m", "orchestrator.fleet.progress",
+                    f"{inventory[h].vars.get('orch_home', DEFAULT_HOME)}/{name}/.orch/{name}.db"]
+                for h in hosts
+            }  # fmt: skip
+            with closing(FleetRecord.open(self.record_path)) as record:
+
+                def on_result(result: HostResult) -> None:
+                    board = read_progress(result.stdout) if result.reached else None
+                    if board and result.host in waiting:
+                        record.note_progress(roll.id, result.host, board, progress_line(board))
+
+                run_command(
+                    self.options.inventory,
+                    hosts,
+                    argv,
+                    dict.fromkeys(hosts, ""),
+                    on_result=on_result,
+                    work=self.work / "progress",
+                    cancel=lambda: self.stopping.is_set() or not waiting,
+                )
+
+        return every(PROGRESS_S, ask, "fleet-progress")
 
     def _install(
         self,
