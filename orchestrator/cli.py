@@ -1108,36 +1108,50 @@ inventory_option = click.option(
 )
 
 
+def batch_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """The options a roll's batches take, forward (`fleet run`) or back (`fleet rollback`)."""
+    for option in reversed(
+        [
+            click.option(
+                "--serial",
+                metavar="N|N%",
+                help="Hosts a batch after the canary: a number or a share of the hosts "
+                "[default: 1; a resumed roll keeps its own].",
+            ),
+            click.option(
+                "--canary",
+                type=click.IntRange(min=0),
+                help="Hosts in the first batch; the roll then waits for `orch fleet approve` "
+                "(0: neither) [default: 1; a resumed roll keeps its own].",
+            ),
+            click.option(
+                "--max-fail",
+                metavar="N|N%",
+                help="Failed hosts a batch may have and the roll go on, as Ansible's "
+                "max_fail_percentage counts (over it: the roll stops after the batch) "
+                "[default: 0; a resumed roll keeps its own].",
+            ),
+            click.option(
+                "--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible's --limit)."
+            ),
+            click.option(
+                "--unreachable",
+                type=click.Choice(["stop", "skip"]),
+                default="stop",
+                show_default=True,
+                help="A host Ansible cannot reach stops the roll, or is skipped (tried again "
+                "next run).",
+            ),
+        ]
+    ):
+        command = option(command)
+    return command
+
+
 @fleet.command("run")
 @plan_argument
 @inventory_option
-@click.option(
-    "--serial",
-    metavar="N|N%",
-    help="Hosts a batch after the canary: a number or a share of the hosts "
-    "[default: 1; a resumed roll keeps its own].",
-)
-@click.option(
-    "--canary",
-    type=click.IntRange(min=0),
-    help="Hosts in the first batch; the roll then waits for `orch fleet approve` (0: neither) "
-    "[default: 1; a resumed roll keeps its own].",
-)
-@click.option(
-    "--max-fail",
-    metavar="N|N%",
-    help="Failed hosts a batch may have and the roll go on, as Ansible's "
-    "max_fail_percentage counts (over it: the roll stops after the batch) "
-    "[default: 0; a resumed roll keeps its own].",
-)
-@click.option("--limit", "-l", metavar="PATTERN", help="Only these hosts (Ansible's --limit).")
-@click.option(
-    "--unreachable",
-    type=click.Choice(["stop", "skip"]),
-    default="stop",
-    show_default=True,
-    help="A host Ansible cannot reach stops the roll, or is skipped (tried again next run).",
-)
+@batch_options
 @click.option(
     "--approve", multiple=True, metavar="ID", help="Pass the plan's own gate ID on every host."
 )
@@ -1175,10 +1189,10 @@ def fleet_run(
 
     \b
     Example:
-      orch fleet run plans/sglang_migration.yaml -i hosts.yml --serial 25%
+      orch fleet run plans/sglang_migration.yaml -i hosts.yml --serial 25% --max-fail 10%
       orch fleet approve plans/sglang_migration.yaml
     """
-    from orchestrator.fleet.roll import Roller, RollOptions
+    from orchestrator.fleet.roll import RollOptions
 
     options = RollOptions(
         inventory,
@@ -1191,9 +1205,54 @@ def fleet_run(
         new_roll,
         install=install,
     )
+    _roll(plan_file, var_args, options, as_json)
+
+
+@fleet.command("rollback")
+@plan_argument
+@inventory_option
+@batch_options
+@click.option("--new-roll", is_flag=True, help="Abandon the open rollback and begin it again.")
+@vars_options
+@json_option
+def fleet_rollback(
+    plan_file: Path,
+    inventory: Path,
+    serial: str | None,
+    canary: int | None,
+    max_fail: str | None,
+    limit: str | None,
+    unreachable: str,
+    new_roll: bool,
+    var_args: tuple[str, ...],
+    as_json: bool,
+) -> None:
+    """Put back the hosts of the open roll (or the latest): each runs its armed compensations.
+
+    The hosts that ran the plan (completed, failed, waiting, or running when the controller
+    died) go in reverse batch order, the last batch first, as a roll goes: a canary, an
+    approval (`orch fleet approve`), then batches, --max-fail per batch; the rollback is a
+    roll of its own in the record (the roll it undoes is closed), shown by `orch fleet
+    status`, resumed by running this again. --serial, --canary and --max-fail default to
+    those of the roll it undoes. Exit status as `orch fleet run`.
+
+    \b
+    Example:
+      orch fleet rollback plans/sglang_migration.yaml -i hosts.yml --canary 1 --serial 25%
+    """
+    from orchestrator.fleet.roll import RollOptions
+
+    options = RollOptions(
+        inventory, serial, canary, max_fail, limit, unreachable, (), new_roll, rollback=True
+    )
+    _roll(plan_file, var_args, options, as_json)
+
+
+def _roll(plan_file: Path, var_args: tuple[str, ...], options: Any, as_json: bool) -> NoReturn:
+    from orchestrator.fleet.roll import Roller
+
     tell = functools.partial(say, err=as_json)  # hosts' names and answers: shown cleaned
-    roller = Roller(plan_file, var_args, options, tell)
-    summary = roller.run()
+    summary = Roller(plan_file, var_args, options, tell).run()
     if as_json:
         click.echo(json.dumps({**_fleet_doc(plan_file), "exit_code": summary.exit_code}, indent=2))
     else:
@@ -1218,7 +1277,7 @@ def fleet_approve(plan_file: Path, note: str | None, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps({"roll": roll.id, "approved_by": roll.approved_by, "note": note}))
     else:
-        say(f"roll #{roll.id} approved by {roll.approved_by}: run `orch fleet run` again")
+        say(f"roll #{roll.id} approved by {roll.approved_by}: run `{roll.command}` again")
 
 
 @fleet.command("status")

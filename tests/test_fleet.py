@@ -658,3 +658,91 @@ def test_a_running_hosts_progress_is_on_the_board_while_it_runs(site: Any, tmp_p
     assert controller.returncode == 0, out + err
     hosts = fleet_json(plan)["hosts"]
     assert [(h["state"], h["progress"]) for h in hosts] == [("completed", None)] * 3
+
+
+UNDO = """\
+name: undo
+vars: {fail: false, slow: 0}
+tasks:
+  - id: stop_production
+    kind: systemd.stop
+    params: {unit: production.service}
+    on_failure:
+      id: restore_production
+      kind: shell
+      params:
+        command: >-
+          echo undo >> /var/tmp/done.log; sleep ${vars.slow};
+          systemctl start production.service
+  - id: install
+    kind: shell
+    needs: [stop_production]
+    params: {command: "echo install >> /var/tmp/done.log; test ${vars.fail} = false"}
+"""
+
+
+def undo_plan(tmp_path: Path) -> Path:
+    plan = tmp_path / "plan" / "undo.yaml"
+    plan.write_text(UNDO)
+    return plan
+
+
+def stopped_roll(site: Any, tmp_path: Path) -> tuple[Path, Path]:
+    """web1 and web2 migrated, web3 failed (and put back by its own compensation): stopped."""
+    plan = undo_plan(tmp_path)
+    inv = inventory(site, tmp_path, web3={"fail": True}, web2={"slow": 6})
+    rolled = run_orch("fleet", "run", plan, "-i", inv, "--canary", "0", timeout=240)
+    assert rolled.returncode == 1, rolled.stdout + rolled.stderr
+    assert [production(h) for h in site.hosts] == ["inactive", "inactive", "active"]
+    return plan, inv
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_rollback_puts_back_a_stopped_rolls_hosts_last_batch_first(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan, inv = stopped_roll(site, tmp_path)
+    back = run_orch("fleet", "rollback", plan, "-i", inv, "--canary", "0", timeout=240)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert "rollback #2 of roll #1: 3 hosts, the last batch first, no canary" in back.stdout
+    assert [production(h) for h in site.hosts] == ["active"] * 3
+    assert [done_log(h) for h in site.hosts] == [["install", "undo"]] * 2 + [["install", "undo"]]
+    doc = fleet_json(plan)
+    assert doc["roll"]["rollback_of"] == 1 and doc["roll"]["state"] == "completed"
+    started = {h["host"]: h["started_at"] for h in doc["hosts"]}
+    assert started["web3"] < started["web2"] < started["web1"], started
+    board = run_orch("fleet", "status", plan).stdout
+    assert "undo · rollback #2 of roll #1 completed · 3/3 hosts completed" in board, board
+    first = run_orch("fleet", "status", plan, "--roll", "1", "--json")
+    assert json.loads(first.stdout)["roll"]["detail"] == "rolled back by roll #2"
+    again = run_orch("fleet", "rollback", plan, "-i", inv, timeout=60)
+    assert again.returncode == 2 and "is itself a rollback" in again.stderr, again.stderr
+    forward = run_orch("fleet", "run", plan, "-i", inv, "--canary", "0", timeout=240)
+    assert "roll #3 of undo" in forward.stdout, forward.stdout  # a roll forward begins anew
+
+
+@pytest.mark.fleet
+@pytest.mark.systemd
+def test_a_controller_killed_mid_rollback_resumes_it_with_each_step_once(
+    site: Any, tmp_path: Path
+) -> None:
+    web1, web2, web3 = site.hosts
+    plan, inv = stopped_roll(site, tmp_path)
+    back = ["fleet", "rollback", plan, "-i", inv, "--canary", "0"]
+    controller = start_orch(*back)
+    try:
+        wait_for(lambda: done_log(web2) == ["install", "undo"], timeout=120, what="web2 undoes")
+        os.killpg(controller.pid, signal.SIGKILL)  # orch, ansible-playbook and ssh
+        controller.communicate(timeout=30)
+    finally:
+        if controller.poll() is None:
+            controller.kill()
+            controller.communicate()
+    resumed = run_orch(*back, timeout=240)
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    assert "resuming rollback #2" in resumed.stdout, resumed.stdout
+    assert [production(h) for h in site.hosts] == ["active"] * 3
+    for h in site.hosts:
+        assert done_log(h) == ["install", "undo"], h.name  # each compensation once

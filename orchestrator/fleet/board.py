@@ -39,6 +39,7 @@ def fleet_status(record: FleetRecord, roll: Roll) -> dict[str, Any]:
         "record": str(record.path),
         "roll": {
             "id": roll.id,
+            "rollback_of": roll.rollback_of,  # the roll it puts back; null: a roll forward
             "state": roll.state,
             "detail": roll.detail,
             "started_at": iso(roll.started_at),
@@ -82,7 +83,7 @@ def render_fleet(doc: dict[str, Any], color: bool = False, width: int | None = N
     ids = list(tasks)
     done = sum(h["state"] == "completed" for h in hosts)
     head = (
-        f"{doc['plan']} · roll #{roll['id']} {roll['state']} · {done}/{plural(len(hosts), 'host')}"
+        f"{doc['plan']} · {_roll_name(roll)} {roll['state']} · {done}/{plural(len(hosts), 'host')}"
         f" completed · canary {roll['canary']}, serial {roll['serial']}"
         f", max-fail {roll.get('max_fail', '0')}"
     )
@@ -106,6 +107,11 @@ def render_fleet(doc: dict[str, Any], color: bool = False, width: int | None = N
         legend = "  ".join(f"{n}:{i}" for n, i in enumerate(ids, 1))
         lines.append(paint(f"tasks, left to right: {clean(legend, multiline=False)}", "2"))
     return "\n".join(lines)
+
+
+def _roll_name(roll: dict[str, Any]) -> str:
+    undoes = roll.get("rollback_of")
+    return f"rollback #{roll['id']} of roll #{undoes}" if undoes else f"roll #{roll['id']}"
 
 
 def _mark(status: str | None, paint: Painter) -> str:

@@ -12,7 +12,8 @@ Ansible runs this once per host and batch, with a payload on stdin (base64 of JS
 3. waits while an earlier run of that store is still alive (a controller killed mid-roll
    leaves its batch's runs going; the next roll waits for them instead of running twice);
 4. runs the plan through the engine API as `orch run` would (resuming from its own store; on
-   a failure its compensations run here, on this host);
+   a failure its compensations run here, on this host), or, for `orch fleet rollback`, runs
+   its armed compensations as `orch rollback` would;
 5. answers on stdout with one JSON object: {"result": {...}, "board": [...], "build": ...,
    "files": {name: sha256}}, or {"refused": ..., "build": ...}, or {"error": ...,
    "exit_code": ...}.
@@ -105,6 +106,7 @@ class Payload(BaseModel, extra="forbid"):
     approve: list[str] = []
     wait_s: float = Field(3600.0, ge=0)
     argv: list[str] = []
+    rollback: bool = False  # run the armed compensations (`orch rollback`), nothing else
 
 
 def read_payload(text: str) -> dict[str, Any]:
@@ -158,11 +160,12 @@ def main() -> int:
         if holder:
             emit({"error": f"still in use by {holder}", "exit_code": 3})
             return 3
-        summary = runbook.run(
-            RunRequest(approve=tuple(payload.approve)),
-            console="warning",
-            argv=payload.argv or ["orch", "fleet", "run", plan_file.name],
-        )
+        argv = payload.argv or ["orch", "fleet", "run", plan_file.name]
+        if payload.rollback:
+            summary = runbook.rollback(console="warning", argv=argv)
+        else:
+            request = RunRequest(approve=tuple(payload.approve))
+            summary = runbook.run(request, console="warning", argv=argv)
         board = board_of(runbook.status().as_json())
     except OrchError as exc:  # a PlanError's text: its problems, one a line
         emit({"error": str(exc), "exit_code": exc.exit_code})

@@ -135,6 +135,17 @@ class Roll(_Row):
     def open(self) -> bool:
         return self.state not in ("completed", "abandoned")
 
+    @property
+    def rollback_of(self) -> int | None:
+        """The roll this one puts back (`orch fleet rollback`); None for a roll forward."""
+        target = self.options.get("rollback_of")
+        return target if isinstance(target, int) and not isinstance(target, bool) else None
+
+    @property
+    def command(self) -> str:
+        """What resumes it: `orch fleet run` or `orch fleet rollback`."""
+        return "orch fleet run" if self.rollback_of is None else "orch fleet rollback"
+
 
 class HostRow(_Row):
     host: str = "?"

@@ -68,6 +68,10 @@ DEFAULT_VENV = "/opt/orch/venv"
 DEFAULT_HOME = "/var/lib/orch"
 # What ends a host's part in a batch without completing it; all but `unreachable` stop the roll.
 STOPPING = ("failed", "refused", "error", "waiting")
+# A roll's hosts a rollback puts back: those that ran some of the plan (or may have: `running`
+# is a killed controller's batch). Pending, refused, unreachable or removed hosts were not
+# touched; an `error` host never ran the plan (it could not be placed or its store was held).
+TOUCHED = ("completed", "failed", "waiting", "running")
 
 
 @dataclass(frozen=True)
@@ -84,6 +88,7 @@ class RollOptions:
     new_roll: bool = False  # abandon the open roll and begin again
     wait_s: float = 3600.0  # how long a host waits for an earlier run of its store
     install: bool = False  # put this orch on a host that refuses (install.py), then run there
+    rollback: bool = False  # put back the hosts of the open (or latest) roll: `orch fleet rollback`
 
 
 @dataclass
@@ -180,15 +185,27 @@ class Roller:
     def _choose_roll(self, record: FleetRecord, hosts: Sequence[InventoryHost]) -> Roll:
         names = [h.name for h in hosts]
         o = self.options
-        open_roll = next((r for r in record.rolls() if r.open), None)
+        rolls = record.rolls()
+        open_roll = next((r for r in rolls if r.open), None)
+        if o.rollback and (open_roll is None or open_roll.rollback_of is None or o.new_roll):
+            undone = open_roll.rollback_of if open_roll and open_roll.rollback_of else None
+            target = open_roll if open_roll and undone is None else None
+            target = target or next((r for r in rolls if r.id == undone), None)
+            return self._begin_rollback(record, target or (rolls[0] if rolls else None), hosts)
         if open_roll is not None and not o.new_roll:
+            if open_roll.rollback_of is not None and not o.rollback:
+                raise UsageError(
+                    f"roll #{open_roll.id} is a rollback of roll #{open_roll.rollback_of} "
+                    f"({open_roll.state}): `orch fleet rollback {self.plan_file}` resumes it; "
+                    "--new-roll begins a roll forward"
+                )
             if open_roll.state == UNREADABLE:  # its canary or serial may be lost: no guessing
                 raise UsageError(
                     f"roll #{open_roll.id} cannot be resumed: {open_roll.detail}; "
                     "`--new-roll` begins a new one (each host's store knows what it did)"
                 )
             self.say(
-                f"resuming roll #{open_roll.id} ({open_roll.state}"
+                f"resuming {self.noun} #{open_roll.id} ({open_roll.state}"
                 + (f": {open_roll.detail}" if open_roll.detail else "")
                 + ")"
             )
@@ -239,6 +256,65 @@ class Roller:
         )
         return roll
 
+    @property
+    def noun(self) -> str:
+        return "rollback" if self.options.rollback else "roll"
+
+    def _begin_rollback(
+        self, record: FleetRecord, target: Roll | None, hosts: Sequence[InventoryHost]
+    ) -> Roll:
+        """A new roll that puts back `target`'s touched hosts (TOUCHED): the last batch first,
+        with the canary, approval and max-fail of a roll (the target's, unless given)."""
+        if target is None:
+            raise UsageError(
+                f"no roll of {self.plan.name} to roll back (record: {self.record_path})"
+            )
+        if target.rollback_of is not None:
+            raise UsageError(
+                f"the latest roll, #{target.id}, is itself a rollback (of roll "
+                f"#{target.rollback_of}, {target.state}): nothing is left to put back"
+            )
+        names = {h.name for h in hosts}
+        rows = sorted(
+            (r for r in record.hosts(target.id) if r.state in TOUCHED),
+            key=lambda r: (-r.batch, r.position),
+        )
+        chosen = [r.host for r in rows if r.host in names]
+        absent = [r.host for r in rows if r.host not in names]
+        if not chosen:
+            why = (
+                "none of its hosts ran the plan" if not rows else "none of them is in the inventory"
+            )
+            raise UsageError(f"roll #{target.id} has no host to put back: {why}")
+        o = self.options
+        canary = min(target.canary if o.canary is None else o.canary, len(chosen))
+        serial = o.serial or target.serial
+        roll_id = record.new_roll(
+            plan=self.plan.name,
+            plan_file=str(self.plan_file),
+            inventory=str(o.inventory),
+            build=build_id(),
+            canary=canary,
+            serial=serial,
+            options={
+                "unreachable": o.unreachable,
+                "limit": o.limit,
+                "max_fail": o.max_fail or target.options.get("max_fail", MAX_FAIL),
+                "rollback_of": target.id,
+            },  # fmt: skip
+            batches=batches_of(chosen, canary, serial),
+        )
+        if target.open:  # abandoned by new_roll, in the same transaction; now say why
+            record.set_roll(target.id, "abandoned", f"rolled back by roll #{roll_id}")
+        self.say(
+            f"rollback #{roll_id} of roll #{target.id}: {len(chosen)} hosts, the last batch first"
+            + (f", canary {', '.join(chosen[:canary])}" if canary else ", no canary")
+            + f", then batches of {serial} (record: {self.record_path})"
+        )
+        if absent:
+            self.say(f"  not in the inventory, left as they are: {', '.join(absent)}")
+        return record.roll(roll_id)
+
     def _roll(
         self, record: FleetRecord, roll: Roll, inventory: dict[str, InventoryHost]
     ) -> RollSummary:
@@ -257,7 +333,9 @@ class Roller:
             if roll.canary and number > 0 and roll.approved_by is None:
                 why = f"the canary passed ({', '.join(_batch(rows, 0))}): approve the roll"
                 record.set_roll(roll.id, "awaiting_approval", why)
-                msg = f"{why} with `orch fleet approve {self.plan_file}`, then run again"
+                msg = (
+                    f"{why} with `orch fleet approve {self.plan_file}`, then `{roll.command}` again"
+                )
                 return self._end(roll, "awaiting_approval", EXIT_WAITING, msg)
             label = "canary" if roll.canary and number == 0 else f"batch {number}"
             self.say(f"{label}: {', '.join(todo)}")
@@ -304,7 +382,9 @@ class Roller:
             record.set_roll(roll.id, "stopped", why)
             return self._end(roll, "stopped", EXIT_FAILED, f"roll incomplete: {why}")
         record.set_roll(roll.id, "completed", None)
-        return self._end(roll, "completed", EXIT_OK, f"roll #{roll.id} completed on every host")
+        return self._end(
+            roll, "completed", EXIT_OK, f"{self.noun} #{roll.id} completed on every host"
+        )
 
     def _end(self, roll: Roll, state: str, code: int, message: str) -> RollSummary:
         return RollSummary(roll.id, state, code, message, self.record_path)
@@ -472,7 +552,14 @@ class Roller:
             "home": str(host.vars.get("orch_home", DEFAULT_HOME)),
             "approve": list(self.options.approve),
             "wait_s": self.options.wait_s,
-            "argv": ["orch", "fleet", "run", self.plan_file.name, f"(roll #{roll.id})"],
+            "argv": [
+                "orch",
+                "fleet",
+                self.options.rollback and "rollback" or "run",
+                self.plan_file.name,
+                f"({self.noun} #{roll.id})",
+            ],  # fmt: skip
+            "rollback": self.options.rollback,
         }
         return base64.b64encode(json.dumps(doc).encode()).decode()
 
