@@ -282,10 +282,13 @@ class Runbook:
         console: str = "info",
         argv: Sequence[str] | None = None,
         on_event: Callable[[Event], None] | None = None,
+        completed: bool = False,
     ) -> RunSummary:
         """Run the armed compensations (the latest armed first), then the armed `finally`
-        tasks; what they undo is pending again. Nothing else runs."""
-        return self._execute(RESUME, console, argv, on_event, rollback=True)
+        tasks; what they undo is pending again. Nothing else runs. `completed`: a completed
+        plan is undone too (its steps' compensations, disarmed when it completed, armed
+        again first)."""
+        return self._execute(RESUME, console, argv, on_event, rollback=True, undo=completed)
 
     def _execute(
         self,
@@ -294,6 +297,7 @@ class Runbook:
         argv: Sequence[str] | None,
         on_event: Callable[[Event], None] | None,
         rollback: bool,
+        undo: bool = False,
     ) -> RunSummary:
         import sys
 
@@ -314,6 +318,7 @@ class Runbook:
             jobs=request.jobs,
             approve=request.approve,
             rollback=rollback,
+            undo_completed=undo,
             console_level=console,
             argv=list(argv if argv is not None else sys.argv),
             plan_digest=digest,

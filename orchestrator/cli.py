@@ -252,22 +252,34 @@ def run(
 @plan_argument
 @store_option
 @vars_options
+@click.option(
+    "--completed",
+    is_flag=True,
+    help="Undo a completed plan too: its steps' compensations are armed again and run.",
+)
 @click.option("--quiet", "-q", is_flag=True, help="Only warnings and errors while running.")
 @json_option
 def rollback(
-    plan_file: Path, store_opt: str | None, var_args: tuple[str, ...], quiet: bool, as_json: bool
+    plan_file: Path,
+    store_opt: str | None,
+    var_args: tuple[str, ...],
+    completed: bool,
+    quiet: bool,
+    as_json: bool,
 ) -> None:
     """Run PLAN's armed compensations now (the latest armed first), then its armed `finally`
     tasks; what they undo is pending again. Nothing else runs. Exit 0 if each completed.
+    A plan that completed has nothing armed (it disarmed them): --completed undoes it.
 
     \b
     Example:
       orch rollback plans/sglang_migration.yaml
+      orch rollback plans/sglang_migration.yaml --completed
     """
     from orchestrator.api import Runbook, stoppable
 
     stoppable()
-    _execute(Runbook(plan_file, store_opt, var_args), None, quiet, as_json)
+    _execute(Runbook(plan_file, store_opt, var_args), None, quiet, as_json, completed)
 
 
 @cli.command()
@@ -305,7 +317,13 @@ def approve(
     )
 
 
-def _execute(runbook: Runbook, request: RunRequest | None, quiet: bool, as_json: bool) -> NoReturn:
+def _execute(
+    runbook: Runbook,
+    request: RunRequest | None,
+    quiet: bool,
+    as_json: bool,
+    completed: bool = False,
+) -> NoReturn:
     """Run (or, with no request, roll back) through the engine API, with the live board on a
     terminal; print the board; exit with the run's code."""
     from orchestrator.core.status import RunOutcome
@@ -318,7 +336,7 @@ def _execute(runbook: Runbook, request: RunRequest | None, quiet: bool, as_json:
     on_event = live.event if live is not None else None
     try:
         if request is None:
-            summary = runbook.rollback(console=console, on_event=on_event)
+            summary = runbook.rollback(console=console, on_event=on_event, completed=completed)
         else:
             summary = runbook.run(request, console=console, on_event=on_event)
     finally:

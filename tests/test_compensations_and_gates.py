@@ -374,6 +374,45 @@ def test_a_rollback_with_nothing_to_undo_records_no_run(pdir: PlanDir) -> None:
     assert json.loads(run_orch("status", plan, "--json").stdout)["run"]["outcome"] == "failed"
 
 
+def test_rollback_completed_undoes_a_completed_plan_last_step_first_once(pdir: PlanDir) -> None:
+    """A completed plan disarmed its compensations; `--completed` arms them again and runs
+    them, the last step's first; what they undid is pending, and a second rollback finds
+    nothing (the next run redoes the steps)."""
+    plan = pdir.write("""
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            params: {command: "echo a >> trail"}
+            on_failure: {id: undo_a, kind: shell, params: {command: "echo undo_a >> trail"}}
+          - id: b
+            kind: shell
+            needs: a
+            params: {command: "echo b >> trail"}
+            on_failure: {id: undo_b, kind: shell, params: {command: "echo undo_b >> trail"}}
+          - {id: c, kind: shell, needs: b, params: {command: "echo c >> trail"}}
+    """)
+    assert run_orch("run", plan).returncode == 0
+    plain = run_orch("rollback", plan)
+    assert plain.returncode == 0 and "nothing is armed: nothing to undo" in plain.stderr
+    undone = run_orch("rollback", plan, "--completed")
+    assert undone.returncode == 0, undone.stderr
+    assert trail(pdir) == ["a", "b", "c", "undo_b", "undo_a"]
+    tasks = board(plan)
+    assert [tasks[t]["status"] for t in ("a", "b", "c")] == ["pending", "pending", "completed"]
+    with pdir.db() as db:
+        armed = db.execute(
+            "SELECT reason FROM transitions WHERE task_id='undo_a' AND to_status='pending'"
+            " ORDER BY seq DESC LIMIT 1"
+        ).fetchone()[0]
+    assert armed == "armed again: orch rollback --completed (run #2)"
+    again = run_orch("rollback", plan, "--completed")
+    assert again.returncode == 0 and "nothing is armed: nothing to undo" in again.stderr
+    assert trail(pdir) == ["a", "b", "c", "undo_b", "undo_a"]
+    assert run_orch("run", plan).returncode == 0
+    assert trail(pdir)[5:] == ["a", "b"]
+
+
 def test_a_compensation_the_user_turned_off_is_skipped_and_undoes_nothing(pdir: PlanDir) -> None:
     plan = migration(pdir)
     r = run_orch("run", plan, "--var", "restore=false")

@@ -13,7 +13,7 @@ Ansible runs this once per host and batch, with a payload on stdin (base64 of JS
    leaves its batch's runs going; the next roll waits for them instead of running twice);
 4. runs the plan through the engine API as `orch run` would (resuming from its own store; on
    a failure its compensations run here, on this host), or, for `orch fleet rollback`, runs
-   its armed compensations as `orch rollback` would;
+   its compensations as `orch rollback --completed` would;
 5. answers on stdout with one JSON object: {"result": {...}, "board": [...], "build": ...,
    "files": {name: sha256}}, or {"refused": ..., "build": ...}, or {"error": ...,
    "exit_code": ...}.
@@ -162,7 +162,7 @@ def main() -> int:
             return 3
         argv = payload.argv or ["orch", "fleet", "run", plan_file.name]
         if payload.rollback:
-            summary = runbook.rollback(console="warning", argv=argv)
+            summary = runbook.rollback(console="warning", argv=argv, completed=True)
         else:
             request = RunRequest(approve=tuple(payload.approve))
             summary = runbook.run(request, console="warning", argv=argv)

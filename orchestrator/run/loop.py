@@ -63,6 +63,9 @@ class RunOptions:
     jobs: int | None = None  # tasks at once; None: the plan's `jobs` (default 1)
     approve: Sequence[str] = ()  # approval gates approved for this run (recorded as such)
     rollback: bool = False  # run the armed compensations and `finally` tasks, nothing else
+    # with rollback: also undo what a completed plan did (its steps' compensations, disarmed
+    # when it completed, are armed again first)
+    undo_completed: bool = False
 
 
 @dataclass
@@ -95,7 +98,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         )
         store.bind_plan(plan.name)
         dead = close_dead_runs(store, holding_lock=True)
-        if options.rollback and not store.armed() and not store.held():
+        rearm = undone_steps_guards(plan, store) if options.undo_completed else []
+        if options.rollback and not store.armed() and not store.held() and not rearm:
             return nothing_to_undo(store, plan, options, dead)
         run_id = store.next_run_id()
         log_dir = runs_dir(store_path) / str(run_id)
@@ -111,6 +115,8 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         release_all(store, log, "left running by an earlier run")
         store.set_meta(DIGEST_KEY, None)
         store.sync_plan(todo_specs(plan), run_id)
+        if rearm:
+            store.arm(rearm, f"armed again: orch rollback --completed (run #{run_id})", run_id)
         runner = Runner(
             plan,
             store,
@@ -142,6 +148,23 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
         store.close()
         if events is not None:
             events.close()
+
+
+def undone_steps_guards(plan: Plan, store: Store) -> list[str]:
+    """The compensations of the plan's completed steps that are not armed now: what `orch
+    rollback --completed` arms again (a completed plan disarmed them: nothing was to undo
+    then)."""
+    completed = {
+        r["id"] for r in store.todos() if r["status"] == Status.COMPLETED and not r["role"]
+    }
+    armed = {r["id"] for r in store.armed()}
+    return [
+        guard
+        for task in plan.tasks
+        if task.id in completed
+        for guard in plan.guarded.get(task.id, [])
+        if guard not in armed
+    ]
 
 
 def nothing_to_undo(store: Store, plan: Plan, options: RunOptions, dead: list[str]) -> RunResult:

@@ -893,6 +893,13 @@ class Store:
             ).fetchone()
         ]
 
+    def arm(self, guard_ids: Sequence[str], reason: str, run_id: int) -> None:
+        """Arm these compensations again, each pending with `reason` (`orch rollback
+        --completed`: a completed plan's steps to be undone); one armed already is left."""
+        with self._tx() as c:
+            change = GuardChange(arm=tuple(guard_ids), arm_reason=reason)
+            self._guard_change(c, change, "", run_id, time.time())
+
     def disarm(self, task_ids: Sequence[str], reason: str, run_id: int) -> None:
         """The plan completed: nothing to undo. Each becomes skipped with `reason`."""
         now = time.time()
