@@ -717,6 +717,8 @@ def test_a_rollback_puts_back_a_stopped_rolls_hosts_last_batch_first(
     assert "undo · rollback #2 of roll #1 completed · 3/3 hosts completed" in board, board
     first = run_orch("fleet", "status", plan, "--roll", "1", "--json")
     assert json.loads(first.stdout)["roll"]["detail"] == "rolled back by roll #2"
+    report = run_orch("report", plan, "--fleet", "--json")
+    assert "rollback of roll #1" in Path(json.loads(report.stdout)["report"]).read_text()
     again = run_orch("fleet", "rollback", plan, "-i", inv, timeout=60)
     assert again.returncode == 2 and "is itself a rollback" in again.stderr, again.stderr
     forward = run_orch("fleet", "run", plan, "-i", inv, "--canary", "0", timeout=240)

@@ -467,8 +467,9 @@ def _roll_html(doc: Mapping[str, Any]) -> list[str]:
     took = ""
     if start is not None and end is not None and end >= start:
         took = f" (took {format_duration(end - start)})"
+    undoes = roll.get("rollback_of")
     facts = [
-        f"roll {_status(roll.get('state'))}",
+        (f"rollback of roll #{_e(undoes)} " if undoes else "roll ") + _status(roll.get("state")),
         f"canary {_e(roll.get('canary'))}",
         f"serial {_e(roll.get('serial'))}",
         f"max-fail {_e(roll.get('max_fail', '0'))}",
