@@ -1199,16 +1199,21 @@ def fleet_run(
     """Roll PLAN over the inventory's hosts: a canary, an approval, then batches.
 
     A host that fails (its compensations run there), refuses (its orch is not this build) or
-    cannot be reached (unless --unreachable skip) stops the roll after its batch. Running
+    cannot be reached (unless --unreachable skip) stops the roll after its batch, unless
+    --max-fail lets that batch lose it. Running
     again resumes the open roll: completed hosts are left alone, the others resume from their
     own stores. Exit status: 0 every host completed, 1 a host failed or was not reached,
     2 bad plan, inventory or usage, 3 another fleet run holds the record, 4 waiting for
     `orch fleet approve` (or a plan's gate on a host), 130 interrupted.
 
+    The plan's folder goes with it (its `files:`, or the folder but .orch), each file once:
+    a host that holds it is sent its digest. `orch fleet rollback` puts a roll's hosts back.
+
     \b
     Example:
       orch fleet run plans/sglang_migration.yaml -i hosts.yml --serial 25% --max-fail 10%
       orch fleet approve plans/sglang_migration.yaml
+      orch fleet rollback plans/sglang_migration.yaml -i hosts.yml
     """
     from orchestrator.fleet.roll import RollOptions
 
@@ -1304,11 +1309,14 @@ def fleet_approve(plan_file: Path, note: str | None, as_json: bool) -> None:
 @json_option
 def fleet_status(plan_file: Path, roll_id: int | None, as_json: bool) -> None:
     """The fleet board: each host's state in the roll, its tasks, and why it stopped or what
-    it found (from the controller's record: no host is contacted).
+    it found (from the controller's record: no host is contacted). While a batch runs, each
+    running host's progress as its store said at the last poll (every 10 s): "1/3 done, at
+    bench". A rollback is headed "rollback #2 of roll #1".
 
     \b
     Example:
       orch fleet status plans/sglang_migration.yaml
+      orch fleet status plans/sglang_migration.yaml --roll 1 --json
     """
     doc = _fleet_doc(plan_file, roll_id)
     if as_json:
