@@ -1127,7 +1127,16 @@ inventory_option = click.option(
 
 
 def batch_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """The options a roll's batches take, forward (`fleet run`) or back (`fleet rollback`)."""
+    """The options a roll's batches take, forward (`fleet run`) or back (`fleet rollback`):
+    the command receives them as one mapping, `batches` (RollOptions' fields of those names)."""
+    names = ("serial", "canary", "max_fail", "limit", "unreachable")
+
+    @functools.wraps(command)
+    def merged(*args: Any, **kwargs: Any) -> Any:
+        batches = {name: kwargs.pop(name) for name in names}
+        return command(*args, batches=batches, **kwargs)
+
+    wrapped = merged
     for option in reversed(
         [
             click.option(
@@ -1162,8 +1171,8 @@ def batch_options(command: Callable[..., Any]) -> Callable[..., Any]:
             ),
         ]
     ):
-        command = option(command)
-    return command
+        wrapped = option(wrapped)
+    return wrapped
 
 
 @fleet.command("run")
@@ -1185,11 +1194,7 @@ def batch_options(command: Callable[..., Any]) -> Callable[..., Any]:
 def fleet_run(
     plan_file: Path,
     inventory: Path,
-    serial: str | None,
-    canary: int | None,
-    max_fail: str | None,
-    limit: str | None,
-    unreachable: str,
+    batches: dict[str, Any],
     approve: tuple[str, ...],
     install: bool,
     new_roll: bool,
@@ -1217,17 +1222,7 @@ def fleet_run(
     """
     from orchestrator.fleet.roll import RollOptions
 
-    options = RollOptions(
-        inventory,
-        serial,
-        canary,
-        max_fail,
-        limit,
-        unreachable,
-        approve,
-        new_roll,
-        install=install,
-    )
+    options = RollOptions(inventory, **batches, approve=approve, new_roll=new_roll, install=install)
     _roll(plan_file, var_args, options, as_json)
 
 
@@ -1241,11 +1236,7 @@ def fleet_run(
 def fleet_rollback(
     plan_file: Path,
     inventory: Path,
-    serial: str | None,
-    canary: int | None,
-    max_fail: str | None,
-    limit: str | None,
-    unreachable: str,
+    batches: dict[str, Any],
     new_roll: bool,
     var_args: tuple[str, ...],
     as_json: bool,
@@ -1265,9 +1256,7 @@ def fleet_rollback(
     """
     from orchestrator.fleet.roll import RollOptions
 
-    options = RollOptions(
-        inventory, serial, canary, max_fail, limit, unreachable, (), new_roll, rollback=True
-    )
+    options = RollOptions(inventory, **batches, new_roll=new_roll, rollback=True)
     _roll(plan_file, var_args, options, as_json)
 
 
