@@ -7,7 +7,7 @@ loop at the analysis. Every call and an excerpt of its real result go to the tra
 
     scripts/agent_session.py plans/rehearsal.yaml docs/agent-session.md
 
-The rehearsal needs its "production" vLLM on port 8100 first (README, "The real workflow
+The rehearsal needs its "production" vLLM on port 8100 first (README, "The rehearsal
 without GPUs"); the script starts from whatever the store holds.
 """
 

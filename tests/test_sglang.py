@@ -1,9 +1,10 @@
 """The flagship's SGLang paths against a real SGLang (its CPU build), through `orch run`.
 
 `scripts/sglang_cpu/setup.sh` builds SGLang and its kernels from a fork pinned by commit, and
-the tiny models (~6 min the first time; README, "SGLang"). It needs that fork's source, which
-a CI machine cannot reach: where `.servers/sglang` is absent and SGLANG_GIT unset, these tests
-skip and say how to build it. Each configuration is launched once (~15 s on 2 cores).
+the tiny models (~6 min the first time; docs/guide.md, "SGLang, for real"). It needs that
+fork's source, which a CI machine cannot reach: where `.servers/sglang` is absent and
+SGLANG_GIT unset, these tests skip and say how to build it. Each configuration is launched
+once (~15 s on 2 cores).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ def sglang_cpu() -> Path:
     if not (SGLANG / "venv").exists() and "SGLANG_GIT" not in os.environ:
         pytest.skip(
             "SGLang's CPU build is absent: SGLANG_GIT=<fork> scripts/sglang_cpu/setup.sh "
-            "builds it (README: SGLang)"
+            "builds it (docs/guide.md: SGLang, for real)"
         )
     done = subprocess.run([str(SETUP), str(SERVERS)], capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, f"scripts/sglang_cpu/setup.sh failed:\n{done.stdout}{done.stderr}"
