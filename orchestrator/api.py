@@ -288,7 +288,9 @@ class Runbook:
         tasks; what they undo is pending again. Nothing else runs. `completed`: a completed
         plan is undone too (its steps' compensations, disarmed when it completed, armed
         again first)."""
-        return self._execute(RESUME, console, argv, on_event, rollback=True, undo=completed)
+        return self._execute(
+            RESUME, console, argv, on_event, rollback=True, undo_completed=completed
+        )
 
     def _execute(
         self,
@@ -297,7 +299,7 @@ class Runbook:
         argv: Sequence[str] | None,
         on_event: Callable[[Event], None] | None,
         rollback: bool,
-        undo: bool = False,
+        undo_completed: bool = False,
     ) -> RunSummary:
         import sys
 
@@ -318,7 +320,7 @@ class Runbook:
             jobs=request.jobs,
             approve=request.approve,
             rollback=rollback,
-            undo_completed=undo,
+            undo_completed=undo_completed,
             console_level=console,
             argv=list(argv if argv is not None else sys.argv),
             plan_digest=digest,

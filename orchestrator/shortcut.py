@@ -80,7 +80,8 @@ def answer(plain: Plain) -> int | None:
                 return None
             from orchestrator.views.snapshot import take
 
-            said += [] if plain.quiet else [NOTHING_TO_DO]
+            if not plain.quiet:
+                said.append(NOTHING_TO_DO)
             snap = take(runbook.store_path, None, None, said.append)
     except OrchError:
         return None  # cli.py meets it again, and says it as it says every error

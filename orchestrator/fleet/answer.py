@@ -118,11 +118,11 @@ def read_progress(stdout: str) -> list[BoardTask] | None:
     """The tasks of a progress answer's last line; None for anything that is not one (a
     progress answer is a hint: what does not validate is ignored, the host's own answer says
     the rest)."""
-    lines = [line for line in stdout.split("\n") if line.strip()]
-    if not lines or len(lines[-1]) > MAX_ANSWER:
+    line = last_answer_line(stdout)
+    if line is None or len(line) > MAX_ANSWER:
         return None
     try:
-        return _PROGRESS.validate_json(lines[-1]).progress
+        return _PROGRESS.validate_json(line).progress
     except ValidationError:
         return None
 
@@ -190,13 +190,17 @@ _ANSWER: TypeAdapter[Ran | Refused | Errored | Missing] = TypeAdapter(Answer)
 BOARD: TypeAdapter[list[BoardTask]] = TypeAdapter(list[BoardTask])
 
 
-def read_answer(stdout: str) -> Ran | Refused | Errored | Missing | Unreadable | None:
-    """The host's answer: its stdout's last non-empty line (what a `python` task prints goes
-    to stderr there, so noise before it is not its orch's). None when there is no line."""
+def last_answer_line(stdout: str) -> str | None:
+    """A host command's stdout's last non-empty line: its answer (what a `python` task prints
+    goes to stderr there, so noise before it is not its orch's). None when there is none."""
     lines = [line for line in stdout.split("\n") if line.strip()]
-    if not lines:
+    return lines[-1] if lines else None
+
+
+def read_answer(stdout: str) -> Ran | Refused | Errored | Missing | Unreadable | None:
+    """The host's answer (its stdout's last non-empty line); None when there is no line."""
+    if (line := last_answer_line(stdout)) is None:
         return None
-    line = lines[-1]
     if len(line) > MAX_ANSWER:
         return Unreadable(f"an answer of {len(line):,} characters (at most {MAX_ANSWER:,})")
     try:

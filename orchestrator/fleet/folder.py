@@ -22,6 +22,7 @@ import os
 import stat
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -42,9 +43,14 @@ class Shipped:
     data: bytes
     executable: bool
 
-    @property
+    # Each computed once a roll, however many hosts the file goes to.
+    @cached_property
     def sha256(self) -> str:
         return hashlib.sha256(self.data).hexdigest()
+
+    @cached_property
+    def base64(self) -> str:
+        return base64.b64encode(self.data).decode()
 
 
 def collect(plan_file: Path, patterns: Sequence[str] | None) -> list[Shipped]:
@@ -110,7 +116,7 @@ def entries(shipped: Sequence[Shipped], held: Mapping[str, str]) -> dict[str, di
     for f in shipped:
         entry: dict[str, Any] = {"sha256": f.sha256, "executable": f.executable}
         if held.get(f.name) != f.sha256:
-            entry["data"] = base64.b64encode(f.data).decode()
+            entry["data"] = f.base64
         out[f.name] = entry
     return out
 

@@ -106,7 +106,7 @@ class Payload(BaseModel, extra="forbid"):
     approve: list[str] = []
     wait_s: float = Field(3600.0, ge=0)
     argv: list[str] = []
-    rollback: bool = False  # run the armed compensations (`orch rollback`), nothing else
+    rollback: bool = False  # undo the plan (`orch rollback --completed`), nothing else
 
 
 def read_payload(text: str) -> dict[str, Any]:

@@ -368,16 +368,14 @@ class FleetRecord:
 
     def note_progress(
         self, roll_id: int, host: str, board: Sequence[BoardTask], detail: str
-    ) -> bool:
+    ) -> None:
         """A running host's board and detail as its progress says (no move: its state is the
-        same); False, and nothing written, once the host is no longer running (its answer
-        came first, and has the last word)."""
-        with closing(self._db.cursor()) as cur:
-            cur.execute(
-                "UPDATE hosts SET board=?, detail=? WHERE roll_id=? AND host=? AND state='running'",
-                (BOARD.dump_json(list(board)).decode(), detail, roll_id, host),
-            )
-            return cur.rowcount == 1
+        same); nothing written once the host is no longer running (its answer came first, and
+        has the last word)."""
+        self._db.execute(
+            "UPDATE hosts SET board=?, detail=? WHERE roll_id=? AND host=? AND state='running'",
+            (BOARD.dump_json(list(board)).decode(), detail, roll_id, host),
+        )
 
     def held_files(self, hosts: Sequence[str]) -> dict[str, dict[str, str]]:
         """host -> {name: sha256} of the plan's files each held at its last answer. Read as

@@ -188,10 +188,13 @@ class Roller:
         rolls = record.rolls()
         open_roll = next((r for r in rolls if r.open), None)
         if o.rollback and (open_roll is None or open_roll.rollback_of is None or o.new_roll):
-            undone = open_roll.rollback_of if open_roll and open_roll.rollback_of else None
-            target = open_roll if open_roll and undone is None else None
-            target = target or next((r for r in rolls if r.id == undone), None)
-            return self._begin_rollback(record, target or (rolls[0] if rolls else None), hosts)
+            if open_roll is None:  # the latest roll, whatever its end
+                target = rolls[0] if rolls else None
+            elif open_roll.rollback_of is None:  # the open roll forward
+                target = open_roll
+            else:  # an open rollback begun again (--new-roll): what it puts back
+                target = record.roll(open_roll.rollback_of)
+            return self._begin_rollback(record, target, hosts)
         if open_roll is not None and not o.new_roll:
             if open_roll.rollback_of is not None and not o.rollback:
                 raise UsageError(
@@ -231,30 +234,41 @@ class Roller:
                 self.say(f"  {len(new)} host(s) new in the inventory go last: {', '.join(new)}")
                 record.add_hosts(open_roll.id, batches_of(new, 0, open_roll.serial))
             return record.roll(open_roll.id)
-        serial = o.serial or SERIAL
         canary = CANARY if o.canary is None else o.canary
+        roll = self._new_roll(record, names, canary, o.serial or SERIAL, o.max_fail or MAX_FAIL)
+        self.say(f"roll #{roll.id} of {self.plan.name}: {len(names)} hosts{self._how(roll, names)}")
+        return roll
+
+    def _new_roll(
+        self,
+        record: FleetRecord,
+        hosts: Sequence[str],
+        canary: int,
+        serial: str,
+        max_fail: str,
+        **more: Any,
+    ) -> Roll:
+        """A roll of `hosts` in their order, recorded (any open roll abandoned); `more`: other
+        options it keeps (`rollback_of`)."""
+        o = self.options
         roll_id = record.new_roll(
             plan=self.plan.name,
             plan_file=str(self.plan_file),
             inventory=str(o.inventory),
             build=build_id(),
-            canary=min(canary, len(names)),
+            canary=min(canary, len(hosts)),
             serial=serial,
-            options={
-                "unreachable": o.unreachable,
-                "limit": o.limit,
-                "max_fail": o.max_fail or MAX_FAIL,
-            },  # fmt: skip
-            batches=batches_of(names, canary, serial),
+            options={"unreachable": o.unreachable, "limit": o.limit, "max_fail": max_fail, **more},
+            batches=batches_of(hosts, canary, serial),
         )
-        roll = record.roll(roll_id)
-        first = names[: roll.canary]
-        self.say(
-            f"roll #{roll_id} of {self.plan.name}: {len(names)} hosts"
-            + (f", canary {', '.join(first)}" if first else ", no canary")
-            + f", then batches of {serial} (record: {self.record_path})"
-        )
-        return roll
+        return record.roll(roll_id)
+
+    def _how(self, roll: Roll, hosts: Sequence[str]) -> str:
+        """`, canary web1, then batches of 2 (record: ...)`: how a new roll of `hosts` goes."""
+        first = hosts[: roll.canary]
+        return (
+            f", canary {', '.join(first)}" if first else ", no canary"
+        ) + f", then batches of {roll.serial} (record: {self.record_path})"
 
     @property
     def noun(self) -> str:
@@ -287,33 +301,23 @@ class Roller:
             )
             raise UsageError(f"roll #{target.id} has no host to put back: {why}")
         o = self.options
-        canary = min(target.canary if o.canary is None else o.canary, len(chosen))
-        serial = o.serial or target.serial
-        roll_id = record.new_roll(
-            plan=self.plan.name,
-            plan_file=str(self.plan_file),
-            inventory=str(o.inventory),
-            build=build_id(),
-            canary=canary,
-            serial=serial,
-            options={
-                "unreachable": o.unreachable,
-                "limit": o.limit,
-                "max_fail": o.max_fail or target.options.get("max_fail", MAX_FAIL),
-                "rollback_of": target.id,
-            },  # fmt: skip
-            batches=batches_of(chosen, canary, serial),
+        roll = self._new_roll(
+            record,
+            chosen,
+            target.canary if o.canary is None else o.canary,
+            o.serial or target.serial,
+            o.max_fail or target.options.get("max_fail", MAX_FAIL),
+            rollback_of=target.id,
         )
         if target.open:  # abandoned by new_roll, in the same transaction; now say why
-            record.set_roll(target.id, "abandoned", f"rolled back by roll #{roll_id}")
+            record.set_roll(target.id, "abandoned", f"rolled back by roll #{roll.id}")
         self.say(
-            f"rollback #{roll_id} of roll #{target.id}: {len(chosen)} hosts, the last batch first"
-            + (f", canary {', '.join(chosen[:canary])}" if canary else ", no canary")
-            + f", then batches of {serial} (record: {self.record_path})"
+            f"rollback #{roll.id} of roll #{target.id}: {len(chosen)} hosts, the last batch "
+            f"first{self._how(roll, chosen)}"
         )
         if absent:
             self.say(f"  not in the inventory, left as they are: {', '.join(absent)}")
-        return record.roll(roll_id)
+        return roll
 
     def _roll(
         self, record: FleetRecord, roll: Roll, inventory: dict[str, InventoryHost]
@@ -552,13 +556,7 @@ class Roller:
             "home": str(host.vars.get("orch_home", DEFAULT_HOME)),
             "approve": list(self.options.approve),
             "wait_s": self.options.wait_s,
-            "argv": [
-                "orch",
-                "fleet",
-                self.options.rollback and "rollback" or "run",
-                self.plan_file.name,
-                f"({self.noun} #{roll.id})",
-            ],  # fmt: skip
+            "argv": [*roll.command.split(), self.plan_file.name, f"({self.noun} #{roll.id})"],
             "rollback": self.options.rollback,
         }
         return base64.b64encode(json.dumps(doc).encode()).decode()

@@ -151,20 +151,13 @@ def execute(plan: Plan, store_path: Path, options: RunOptions) -> RunResult:
 
 
 def undone_steps_guards(plan: Plan, store: Store) -> list[str]:
-    """The compensations of the plan's completed steps that are not armed now: what `orch
-    rollback --completed` arms again (a completed plan disarmed them: nothing was to undo
-    then)."""
+    """The compensations of the plan's completed steps: what `orch rollback --completed` arms
+    again (a completed plan disarmed them: nothing was to undo then; Store.arm leaves one
+    that is armed as it is)."""
     completed = {
         r["id"] for r in store.todos() if r["status"] == Status.COMPLETED and not r["role"]
     }
-    armed = {r["id"] for r in store.armed()}
-    return [
-        guard
-        for task in plan.tasks
-        if task.id in completed
-        for guard in plan.guarded.get(task.id, [])
-        if guard not in armed
-    ]
+    return [g for t in plan.tasks if t.id in completed for g in plan.guarded.get(t.id, [])]
 
 
 def nothing_to_undo(store: Store, plan: Plan, options: RunOptions, dead: list[str]) -> RunResult:
