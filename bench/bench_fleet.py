@@ -10,14 +10,18 @@ Ansible over real SSH exactly as remote machines would be.
 What is compared, each round (a new roll, new hosts' homes, so every host really runs it):
 
 - orch: `orch fleet run PLAN -i INVENTORY --canary 0 --serial 10`, PLAN being two `shell`
-  tasks (`echo ::finding n=1`, then `true`). Per batch orch runs one Ansible play through
-  ansible-runner: one `command` task per host starting orch's host command
-  (`<orch_venv>/bin/python -P -m orchestrator.fleet.host`), which runs the plan in the host's
-  own store and answers in JSON; the controller records every host in its SQLite record.
+  tasks (`echo ::finding n=1`, then `true`). orch runs one ansible-playbook a roll through
+  ansible-runner: a gate play on the controller before each batch (the batch committed
+  `running` in the record), then the batch's play, one `orch_host` task per host starting
+  orch's host command over Ansible's connection (`<orch_venv>/bin/python -P -m
+  orchestrator.fleet.host`), which runs the plan in the host's own store and answers in JSON;
+  the controller records every host in its SQLite record as its answer comes.
 - Ansible alone: `ansible-playbook` of one play with `serial: 10` and `forks 10`, one
   `command` task per host running the same commands (`bash -eo pipefail -c 'echo ::finding
   n=1; true'`, as orch's shell kind runs them), with the environment orch gives Ansible
-  (orchestrator.fleet.ansible.ansible_env(): pipelining on, ...) and the same inventory.
+  (orchestrator.fleet.ansible.ansible_env()) and the same inventory.
+- Both arms: the same forks (the batch size), pipelining, SSH options (ControlPersist) and
+  no fact gathering, set in SHARED below and printed in the head.
 
 The rounds alternate the order (orch, ansible, ansible, orch, ...) so drift hits both alike;
 an untimed Ansible run first warms SSH, the page cache and the hosts' Python. Every orch run
@@ -59,6 +63,7 @@ from typing import Any
 
 from orchestrator.fleet.ansible import ansible_env, ansible_tool
 from orchestrator.fleet.build import build_id
+from orchestrator.fleet.folder import collect, entries
 
 BENCH_DIR = Path(__file__).resolve().parent
 CHECKOUT = BENCH_DIR.parent
@@ -76,6 +81,14 @@ tasks:
   - {{id: find, kind: shell, params: {{command: "{COMMANDS[0]}"}}}}
   - {{id: done, kind: shell, needs: [find], params: {{command: "{COMMANDS[1]}"}}}}
 """
+# What both arms share, set here for both: forks (= the batch size), pipelining, SSH's
+# connection reuse, no fact gathering (both plays say `gather_facts: false`).
+SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # Ansible's default, said aloud
+SHARED = {
+    "ANSIBLE_PIPELINING": "True",
+    "ANSIBLE_SSH_ARGS": SSH_ARGS,
+    "ANSIBLE_GATHERING": "explicit",
+}
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -165,7 +178,7 @@ class Bench:
         self.n = hosts
         self.serial = serial
         self.env = env  # orch's (and through it Ansible's, ansible_env()); cwd: scratch
-        self.ansible_env = ansible_env()
+        self.ansible_env = {**ansible_env(), **SHARED}
         if "ANSIBLE_CONFIG" not in env:  # orch runs in `scratch`, where no ansible.cfg is
             self.ansible_env.pop("ANSIBLE_CONFIG", None)
         self.batches = math.ceil(hosts / serial)
@@ -359,15 +372,15 @@ class Bench:
         def host_command() -> list[str]:
             return [PYTHON, "-P", "-m", "orchestrator.fleet.host"]
 
+        plan_file = self.scratch / "local-plan" / f"{PLAN_NAME}.yaml"
+        plan_file.parent.mkdir()
+        plan_file.write_text(PLAN)
+        files = entries(collect(plan_file, None), {})  # sent whole, as a host's first roll has
+
         def host_stdin() -> str:
             doc = {
                 "build": build_id(),
-                "plan": {
-                    "name": PLAN_NAME,
-                    "file": f"{PLAN_NAME}.yaml",
-                    "text": PLAN,
-                    "modules": {},
-                },
+                "plan": {"name": PLAN_NAME, "file": plan_file.name, "files": files},
                 "vars": [],
                 "home": str(homes / f"h{next(count)}"),  # fresh: the plan really runs
                 "approve": [],
@@ -485,7 +498,7 @@ def figures(
             f"  ansible-playbook, a play with no task ({bench.serial} hosts)",
             playbook["wall_s"],
             "s",
-            "Ansible alone pays it once, orch once a batch",
+            "each arm pays it once a roll",
         ),
         Row(
             "per batch",
@@ -521,7 +534,7 @@ def figures(
             "orch: controller's processes, median",
             median([r.controller_cpu_s for r in orch]),
             "cpu-s",
-            "orch, ansible-inventory, ansible-playbook x batches",
+            "orch, ansible-inventory, one ansible-playbook",
         ),
         Row(
             "cpu",
@@ -586,13 +599,14 @@ def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -
 
     for package in ("orchestrator", "tasks"):  # bytecode, as pip writes an installed package's
         compileall.compile_dir(str(CHECKOUT / package), quiet=1)
-    env = {**os.environ, "NO_COLOR": "1"}
+    env = {**os.environ, "NO_COLOR": "1", **SHARED}  # orch passes it on to its Ansible
     load = os.getloadavg()
     head = (
         f"orch fleet bench: {args.hosts} bare hosts (netns + sshd) on this machine,"
         f" --serial {args.serial} --canary 0, {args.rounds} rounds; python"
         f" {sys.version.split()[0]}, {os.cpu_count()} CPUs, load before"
-        f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; build {build_id()}"
+        f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; build {build_id()}\n"
+        f"both arms: forks {args.serial}, pipelining on, ssh {SSH_ARGS}, no facts gathered"
     )
     say(head)
     t0 = time.perf_counter()

@@ -11,6 +11,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import sqlite3
@@ -239,10 +240,12 @@ def test_a_host_result_is_judged_by_what_it_answered() -> None:
         return state, detail
 
     assert said(reached=False, msg="Failed to connect: Connection refused")[0] == "unreachable"
-    assert said(rc=2, msg="Error executing command.") == (
+    missing = f"/bin/sh: 1: {python}: not found"  # what the host's shell says, rc 127
+    assert said(rc=127, stderr=missing) == (
         "refused",
         f"no orch at {python} (set orch_venv, or install it)",
     )
+    assert said(rc=127, stdout="an answer?", stderr=missing)[0] == "failed"  # not refused
     ok = {"result": {"exit_code": 0, "outcome": "completed"}, "board": [], "build": "0.1.0+x"}
     assert said(stdout="noise\n" + json.dumps(ok))[0] == "completed"
     failed = {
@@ -410,9 +413,22 @@ def test_max_fail_lets_a_batch_lose_that_many_hosts_and_stops_past_it(
     assert "not started: web3" in over.stdout and done_log(web3) == []
 
     one = inventory(site, tmp_path, web2={"install_fails": True})
-    within = run_orch(*roll, "-i", one, "--new-roll", timeout=240)
+    log = tmp_path / "ansible.log"  # Ansible's own log: each line names its process
+    within = run_orch(
+        *roll, "-i", one, "--new-roll", timeout=240, env={"ANSIBLE_LOG_PATH": str(log)}
+    )
     assert within.returncode == 1, within.stdout + within.stderr
     assert "going on without web2: within --max-fail 1" in within.stdout, within.stdout
+    # Both batches, and the gate between them, in one ansible-playbook.
+    plays = re.findall(r" p=(\d+) .*PLAY \[(orch (?:gate|batch) \d+)\]", log.read_text())
+    assert [name for _, name in plays] == [
+        "orch gate 0",
+        "orch batch 0",
+        "orch gate 1",
+        "orch batch 1",
+        "orch gate 2",
+    ], plays
+    assert len({pid for pid, _ in plays}) == 1, plays
     assert "roll incomplete: failed within --max-fail 1: web2; run again" in within.stdout
     assert states(plan) == {"web1": "completed", "web2": "failed", "web3": "completed"}
     assert production(web2) == "active"  # its compensation ran there

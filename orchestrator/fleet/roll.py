@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, closing, contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +39,7 @@ from orchestrator.core.errors import (
 )
 from orchestrator.core.periodic import every
 from orchestrator.core.status import Status
-from orchestrator.fleet.ansible import HostResult, last_line, run_command
+from orchestrator.fleet.ansible import HostResult, clear_work, last_line, run_command, run_roll
 from orchestrator.fleet.answer import (
     BoardTask,
     Errored,
@@ -141,6 +141,39 @@ def failures_allowed(max_fail: str, batch: int) -> int:
     return math.floor(batch * allowed / 100) if isinstance(allowed, float) else allowed
 
 
+@dataclass
+class _Flight:
+    """The batch in flight: its hosts still at work (the heartbeat and the progress poll read
+    them from their threads: the set is changed in place, never replaced), since when."""
+
+    label: str = ""  # "canary", "batch 2"; "" between batches
+    number: int = -1
+    todo: list[str] = field(default_factory=list)
+    hosts: set[str] = field(default_factory=set)
+    lacking: list[str] = field(default_factory=list)  # answered they lack files: sent whole
+    started: float = 0.0
+
+    def begin(self, label: str, number: int, todo: Sequence[str]) -> None:
+        self.label, self.number, self.todo, self.lacking = label, number, list(todo), []
+        self.started = time.monotonic()
+        self.hosts.update(todo)
+
+    def over(self) -> None:
+        self.label = ""
+        self.hosts.clear()
+
+
+@dataclass
+class _Course:
+    """What a roll's gates have decided so far."""
+
+    max_fail: str
+    flight: _Flight = field(default_factory=_Flight)
+    end: RollSummary | None = None  # the roll ends at the next gate
+    skipped: list[str] = field(default_factory=list)  # unreachable, --unreachable skip
+    tolerated: list[str] = field(default_factory=list)  # failed within --max-fail
+
+
 class Roller:
     """One `orch fleet run`: the record open, the roll chosen, the batches run."""
 
@@ -173,6 +206,7 @@ class Roller:
         hosts = read_inventory(self.options.inventory, self.options.limit)
         lock = RunLock(self.record_path)
         lock.acquire({"pid": os.getpid(), "host": socket.gethostname(), "run_id": "fleet"})
+        clear_work(self.work)  # a killed controller's plays' files
         record = FleetRecord.open(self.record_path, create=True)
         try:
             roll = self._choose_roll(record, hosts)
@@ -322,66 +356,79 @@ class Roller:
     def _roll(
         self, record: FleetRecord, roll: Roll, inventory: dict[str, InventoryHost]
     ) -> RollSummary:
+        """The roll's batches still to do, in one ansible-playbook: at each gate (fleet/ansible.py)
+        the batch before is judged and the next begun, or the roll ends there."""
         rows = record.hosts(roll.id)
-        skipped: list[str] = []
-        tolerated: list[str] = []  # failed within --max-fail: the roll went on
-        max_fail = roll.options.get("max_fail", MAX_FAIL)
-        for number in sorted({r.batch for r in rows}):
-            todo = [
-                r.host
-                for r in record.hosts(roll.id)
-                if r.batch == number and r.state not in (DONE, "removed")
-            ]
-            if not todo:
-                continue
-            if roll.canary and number > 0 and roll.approved_by is None:
+        left = [r for r in rows if r.state not in (DONE, "removed")]
+        batches = [
+            (number, todo)
+            for number in sorted({r.batch for r in left})
+            if (todo := [r.host for r in left if r.batch == number])
+        ]
+        hosts = [h for _, todo in batches for h in todo]
+        held = record.held_files(hosts)
+        self._argv = {h: _host_argv(inventory[h]) for h in hosts}
+        payloads = {h: self._payload(roll, inventory[h], held.get(h, {})) for h in hosts}
+        course = _Course(max_fail=roll.options.get("max_fail", MAX_FAIL))
+        flight = course.flight
+
+        def on_gate(number: int) -> bool:
+            if flight.label:  # the batch before: its files sent again, orch installed, judged
+                course.end = self._judged(record, roll, inventory, course)
+            if course.end or self.stopping.is_set() or number == len(batches):
+                return False
+            batch, todo = batches[number]
+            if roll.canary and batch > 0 and roll.approved_by is None:
                 why = f"the canary passed ({', '.join(_batch(rows, 0))}): approve the roll"
                 record.set_roll(roll.id, "awaiting_approval", why)
                 msg = (
                     f"{why} with `orch fleet approve {self.plan_file}`, then `{roll.command}` again"
                 )
-                return self._end(roll, "awaiting_approval", EXIT_WAITING, msg)
-            label = "canary" if roll.canary and number == 0 else f"batch {number}"
-            self.say(f"{label}: {', '.join(todo)}")
-            self._run_batch(record, roll, todo, inventory)
-            if self.stopping.is_set():
-                msg = "interrupted: the hosts' runs in flight go on there; run again to collect"
-                record.set_roll(roll.id, "interrupted", msg)
-                return self._end(roll, "interrupted", EXIT_INTERRUPTED, msg)
-            states = {r.host: r for r in record.hosts(roll.id) if r.host in todo}
-            stopped = [h for h in todo if states[h].state in STOPPING]
-            gone = [h for h in todo if states[h].state == "unreachable"]
-            if gone and self.options.unreachable == "skip":
-                skipped += gone
-                self.say(f"  going on without {', '.join(gone)} (--unreachable skip)")
-                gone = []
-            failed = [h for h in stopped + gone if states[h].state != "waiting"]
-            # The canary is there to stop the roll: no failure of it is ever tolerated.
-            canary_batch = roll.canary and number == 0
-            allowed = 0 if canary_batch else failures_allowed(max_fail, len(todo))
-            if failed and len(failed) == len(stopped + gone) and len(failed) <= allowed:
-                tolerated += failed
-                self.say(f"  going on without {', '.join(failed)}: within --max-fail {max_fail}")
-                stopped, gone = [], []
-            if stopped or gone:
-                first = states[(stopped + gone)[0]]
-                why = f"{first.host} {first.state}: {first.detail}"
-                later = [r.host for r in record.hosts(roll.id) if r.batch > number]
-                if len(failed) > allowed and max_fail != MAX_FAIL:  # over the limit: all named
-                    why = (f"{len(failed)} of {len(todo)} failed in {label}, over --max-fail "
-                           f"{max_fail}: {', '.join(failed)}; first {why}")  # fmt: skip
-                record.set_roll(roll.id, "stopped", why)
-                msg = f"roll stopped: {why}" + (
-                    f"; not started: {', '.join(later)}" if later else ""
-                )
-                waiting = all(states[h].state == "waiting" for h in stopped + gone)
-                return self._end(roll, "stopped", EXIT_WAITING if waiting else EXIT_FAILED, msg)
-        if skipped or tolerated:
+                course.end = self._end(roll, "awaiting_approval", EXIT_WAITING, msg)
+                return False
+            flight.begin("canary" if roll.canary and batch == 0 else f"batch {batch}", batch, todo)
+            self.say(f"{flight.label}: {', '.join(todo)}")
+            record.start_hosts(roll.id, todo)
+            return True
+
+        def on_result(result: HostResult) -> None:
+            self._answered(record, roll, flight, result)
+
+        beats = _heartbeat(self.say, flight, self.stopping)
+        with beats, self._progress(roll, flight.hosts, inventory):
+            ended = run_roll(
+                self.options.inventory,
+                [todo for _, todo in batches],
+                self._argv,
+                payloads,
+                on_gate,
+                on_result,
+                work=self.work,
+                cancel=self.stopping.is_set,
+            )
+        if self.stopping.is_set():
+            msg = "interrupted: the hosts' runs in flight go on there; run again to collect"
+            record.set_roll(roll.id, "interrupted", msg)
+            return self._end(roll, "interrupted", EXIT_INTERRUPTED, msg)
+        if course.end:
+            return course.end
+        if flight.label:  # Ansible ended inside a batch: its silent hosts, then the batch judged
+            for host in sorted(flight.hosts):
+                why = f"Ansible ended without an answer: {ended}"
+                self._answered(record, roll, flight, HostResult(host, True, None, "", "", why))
+            if end := self._judged(record, roll, inventory, course):
+                return end
+        if ended:  # before a batch it had to run
+            why = f"Ansible ended before the roll's end: {one_line(ended)}"
+            record.set_roll(roll.id, "stopped", why)
+            return self._end(roll, "stopped", EXIT_FAILED, f"roll stopped: {why}")
+        if course.skipped or course.tolerated:
             parts = []
-            if tolerated:
-                parts.append(f"failed within --max-fail {max_fail}: {', '.join(tolerated)}")
-            if skipped:
-                parts.append(f"unreachable, skipped: {', '.join(skipped)}")
+            if course.tolerated:
+                parts.append(f"failed within --max-fail {course.max_fail}: "
+                             + ", ".join(course.tolerated))  # fmt: skip
+            if course.skipped:
+                parts.append(f"unreachable, skipped: {', '.join(course.skipped)}")
             why = "; ".join(parts) + "; run again to try them"
             record.set_roll(roll.id, "stopped", why)
             return self._end(roll, "stopped", EXIT_FAILED, f"roll incomplete: {why}")
@@ -390,26 +437,84 @@ class Roller:
             roll, "completed", EXIT_OK, f"{self.noun} #{roll.id} completed on every host"
         )
 
+    def _judged(
+        self,
+        record: FleetRecord,
+        roll: Roll,
+        inventory: dict[str, InventoryHost],
+        course: _Course,
+    ) -> RollSummary | None:
+        """The batch in flight, over: the files a host lacked sent whole, orch installed where
+        it was refused (--install) and the plan sent again there; then judged: the roll's end
+        when the batch stops it, None when the roll goes on."""
+        flight = course.flight
+        todo, label, number = flight.todo, flight.label, flight.number
+        if flight.lacking and not self.stopping.is_set():
+            self._send(record, roll, flight.lacking, inventory, whole=True)
+        if self.options.install and not self.stopping.is_set():
+            refused = [
+                r.host for r in record.hosts(roll.id) if r.host in todo and r.state == "refused"
+            ]
+            installed = self._install(record, roll, refused, inventory) if refused else []
+            if installed and not self.stopping.is_set():
+                self._send(record, roll, installed, inventory)
+        flight.over()
+        if self.stopping.is_set():
+            return None
+        states = {r.host: r for r in record.hosts(roll.id) if r.host in todo}
+        stopped = [h for h in todo if states[h].state in STOPPING]
+        gone = [h for h in todo if states[h].state == "unreachable"]
+        if gone and self.options.unreachable == "skip":
+            course.skipped += gone
+            self.say(f"  going on without {', '.join(gone)} (--unreachable skip)")
+            gone = []
+        failed = [h for h in stopped + gone if states[h].state != "waiting"]
+        # The canary is there to stop the roll: no failure of it is ever tolerated.
+        max_fail = course.max_fail
+        allowed = 0 if roll.canary and number == 0 else failures_allowed(max_fail, len(todo))
+        if failed and len(failed) == len(stopped + gone) and len(failed) <= allowed:
+            course.tolerated += failed
+            self.say(f"  going on without {', '.join(failed)}: within --max-fail {max_fail}")
+            stopped, gone = [], []
+        if not (stopped or gone):
+            return None
+        first = states[(stopped + gone)[0]]
+        why = f"{first.host} {first.state}: {first.detail}"
+        later = [r.host for r in record.hosts(roll.id) if r.batch > number]
+        if len(failed) > allowed and max_fail != MAX_FAIL:  # over the limit: all named
+            why = (f"{len(failed)} of {len(todo)} failed in {label}, over --max-fail "
+                   f"{max_fail}: {', '.join(failed)}; first {why}")  # fmt: skip
+        record.set_roll(roll.id, "stopped", why)
+        msg = f"roll stopped: {why}" + (f"; not started: {', '.join(later)}" if later else "")
+        waiting = all(states[h].state == "waiting" for h in stopped + gone)
+        return self._end(roll, "stopped", EXIT_WAITING if waiting else EXIT_FAILED, msg)
+
     def _end(self, roll: Roll, state: str, code: int, message: str) -> RollSummary:
         return RollSummary(roll.id, state, code, message, self.record_path)
 
     # --- a batch -----------------------------------------------------------------------------
 
-    def _run_batch(
+    def _answered(
         self,
         record: FleetRecord,
         roll: Roll,
-        todo: Sequence[str],
-        inventory: dict[str, InventoryHost],
+        flight: _Flight,
+        result: HostResult,
+        whole: bool = False,
     ) -> None:
-        self._send(record, roll, todo, inventory)
-        if not self.options.install or self.stopping.is_set():
+        """A host's result recorded (and said) as it comes; a host that lacks files sent by
+        digest alone is kept for sending them whole, unless they were (`whole`)."""
+        answer = read_answer(result.stdout)
+        if isinstance(answer, Missing) and not whole:
+            flight.lacking.append(result.host)
+            self.say(f"  {result.host} lacks {len(answer.missing)} of the plan's files: sent")
             return
-        refused = [r.host for r in record.hosts(roll.id) if r.host in todo and r.state == "refused"]
-        if refused:
-            installed = self._install(record, roll, refused, inventory)
-            if installed and not self.stopping.is_set():
-                self._send(record, roll, installed, inventory)
+        state, detail, board = judge(result, self._argv[result.host][0], answer)
+        files = answer.files if isinstance(answer, Ran) else None
+        record.finish_host(roll.id, result.host, state, detail, board, files)
+        flight.hosts.discard(result.host)
+        took = _took(time.monotonic() - flight.started)
+        self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
 
     def _send(
         self,
@@ -419,42 +524,24 @@ class Roller:
         inventory: dict[str, InventoryHost],
         whole: bool = False,
     ) -> None:
-        """The plan to `hosts`, recorded running first; each answer recorded as it comes. The
-        files a host held at its last answer go by digest alone, unless `whole`: a host that
-        answers it lacks some is sent them all at once, in a second play."""
+        """The plan again to `hosts` of the batch in flight, in a play of its own (orch just
+        installed there, or the files they lack sent whole), each answer recorded as it comes."""
         held = {} if whole else record.held_files(hosts)
         payloads = {h: self._payload(roll, inventory[h], held.get(h, {})) for h in hosts}
-        argv = {h: _host_argv(inventory[h]) for h in hosts}
         record.start_hosts(roll.id, hosts)
-        started = time.monotonic()
-        waiting = set(hosts)
-        lacking: list[str] = []
-
-        def on_result(result: HostResult) -> None:
-            answer = read_answer(result.stdout)
-            if isinstance(answer, Missing) and not whole:
-                lacking.append(result.host)
-                self.say(f"  {result.host} lacks {len(answer.missing)} of the plan's files: sent")
-                return
-            state, detail, board = judge(result, argv[result.host][0], answer)
-            files = answer.files if isinstance(answer, Ran) else None
-            record.finish_host(roll.id, result.host, state, detail, board, files)
-            waiting.discard(result.host)
-            took = _took(time.monotonic() - started)
-            self.say(f"  {result.host} {state} after {took}" + (f": {detail}" if detail else ""))
-
-        with _heartbeat(self.say, waiting, self.stopping), self._progress(roll, waiting, inventory):
-            run_command(
-                self.options.inventory,
-                hosts,
-                argv,
-                payloads,
-                on_result=on_result,
-                work=self.work,
-                cancel=self.stopping.is_set,
-            )
-        if lacking and not self.stopping.is_set():
-            self._send(record, roll, lacking, inventory, whole=True)
+        flight = _Flight()
+        flight.begin("again", -1, hosts)
+        run_command(
+            self.options.inventory,
+            hosts,
+            {h: self._argv[h] for h in hosts},
+            payloads,
+            on_result=lambda result: self._answered(record, roll, flight, result, whole),
+            work=self.work / "again",
+            cancel=self.stopping.is_set,
+        )
+        if flight.lacking and not whole and not self.stopping.is_set():
+            self._send(record, roll, flight.lacking, inventory, whole=True)
 
     def _progress(
         self, roll: Roll, waiting: set[str], inventory: dict[str, InventoryHost]
@@ -508,12 +595,12 @@ class Roller:
         self.say(f"  installing it ({tar.stat().st_size / 2**20:.0f} MiB of wheels)")
         setup = {h: _install_vars(inventory[h]) for h in hosts}
         installed: list[str] = []
-        started = time.monotonic()
-        waiting = set(hosts)
+        flight = _Flight()
+        flight.begin("install", -1, hosts)
 
         def on_result(result: HostResult) -> None:
-            waiting.discard(result.host)
-            took = _took(time.monotonic() - started)
+            flight.hosts.discard(result.host)
+            took = _took(time.monotonic() - flight.started)
             if result.reached and not result.failed:
                 installed.append(result.host)
                 self.say(f"  {result.host} has orch {build_id()} after {took}")
@@ -523,7 +610,7 @@ class Roller:
             record.finish_host(roll.id, result.host, state, f"install failed: {said}")
             self.say(f"  {result.host} install failed after {took}: {said}")
 
-        with _heartbeat(self.say, waiting, self.stopping):
+        with _heartbeat(self.say, flight, self.stopping):
             run_play(
                 self.options.inventory,
                 hosts,
@@ -609,8 +696,8 @@ def _judge(
         return "unreachable", last_line(result.msg) or "Ansible could not reach it", None
     if answer is None:
         said = last_line(result.stderr) or last_line(result.msg)
-        # The command module could not execute it: rc 2 and not a word from the program.
-        if result.rc in (2, 127) and not (result.stdout.strip() or result.stderr.strip()):
+        # The shell found no such program: rc 127 and not a word on stdout.
+        if result.rc == 127 and not result.stdout.strip():
             return "refused", f"no orch at {python} (set orch_venv, or install it)", None
         if "No module named" in said:
             return "refused", f"the orch at {python} has no fleet support: {said}", None
@@ -682,14 +769,15 @@ def _took(seconds: float) -> str:
 
 
 def _heartbeat(
-    say: Callable[[str], None], waiting: set[str], stop: threading.Event
+    say: Callable[[str], None], flight: _Flight, stop: threading.Event
 ) -> AbstractContextManager[None]:
     """A line every 30 s naming the hosts still at work: a batch can take an hour."""
 
-    def beat(elapsed: float) -> None:
-        if waiting and not stop.is_set():
-            names = sorted(waiting)
+    def beat(_: float) -> None:
+        names = sorted(flight.hosts)
+        if names and not stop.is_set():
             more = f" and {len(names) - 8} more" if len(names) > 8 else ""
-            say(f"  still running after {_took(elapsed)}: {', '.join(names[:8])}{more}")
+            took = _took(time.monotonic() - flight.started)
+            say(f"  still running after {took}: {', '.join(names[:8])}{more}")
 
     return every(30, beat, "fleet-heartbeat")
