@@ -22,6 +22,9 @@ What is compared, each round (a new roll, new hosts' homes, so every host really
   (orchestrator.fleet.ansible.ansible_env()) and the same inventory.
 - Both arms: the same forks (the batch size), pipelining, SSH options (ControlPersist) and
   no fact gathering, set in SHARED below and printed in the head.
+- A third column, unless --no-mitogen: both arms again with Mitogen's strategy
+  (`mitogen_linear`: one persistent interpreter a host), installed into bench/.mitogen with
+  pip on first use (never into orch's venv); said and left out when it cannot be had.
 
 The rounds alternate the order (orch, ansible, ansible, orch, ...) so drift hits both alike;
 an untimed Ansible run first warms SSH, the page cache and the hosts' Python. Every orch run
@@ -83,12 +86,37 @@ tasks:
 """
 # What both arms share, set here for both: forks (= the batch size), pipelining, SSH's
 # connection reuse, no fact gathering (both plays say `gather_facts: false`).
-SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s"  # Ansible's default, said aloud
+# SSH connection reuse as Ansible's defaults have it, its sockets in the bench's scratch (the
+# test fleet's inventory turns it off: a master outliving a test would answer for whichever
+# host next takes the address); the inventory's ansible_ssh_args, for both arms.
+SSH_ARGS = "-C -o ControlMaster=auto -o ControlPersist=60s -o ControlPath={scratch}/cp/%C"
 SHARED = {
     "ANSIBLE_PIPELINING": "True",
-    "ANSIBLE_SSH_ARGS": SSH_ARGS,
     "ANSIBLE_GATHERING": "explicit",
+    "ANSIBLE_HOST_KEY_CHECKING": "False",  # as the inventory's ssh options say (Mitogen reads this)
 }
+MITOGEN = BENCH_DIR / ".mitogen"  # `pip install --target` once: never in orch's venv
+
+
+def mitogen_env(say: Callable[[str], None]) -> dict[str, str] | None:
+    """Ansible's settings for Mitogen's strategy (its `strategy_plugins` folder puts the
+    package on Ansible's path itself), installed into bench/.mitogen on first use; None when
+    it cannot be had (no registry) or does not load with this ansible-core."""
+    strategy = MITOGEN / "ansible_mitogen" / "plugins" / "strategy"
+    if not strategy.is_dir():
+        say("installing Mitogen into bench/.mitogen (once) ...")
+        got = subprocess.run(
+            [PYTHON, "-m", "pip", "install", "-q", "--target", str(MITOGEN), "mitogen"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        if got.returncode != 0 or not strategy.is_dir():
+            say(f"no Mitogen column: pip said {got.stderr.strip()[-300:]}")
+            return None
+    return {"ANSIBLE_STRATEGY_PLUGINS": str(strategy), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -192,7 +220,8 @@ class Bench:
         """The fleet's inventory: each host's own orch_home under `homes`, this venv's orch."""
         path.parent.mkdir(parents=True, exist_ok=True)
         host_vars = {name: {"orch_home": str(homes / name)} for name in self.names}
-        return Path(self.fleet.inventory(path, host_vars, {"orch_venv": VENV}))
+        group = {"orch_venv": VENV, "ansible_ssh_args": SSH_ARGS.format(scratch=self.scratch)}
+        return Path(self.fleet.inventory(path, host_vars, group))
 
     def write_ansible(self) -> None:
         self.write_inventory(self.inventory, self.scratch / "ansible" / "homes")
@@ -217,7 +246,7 @@ class Bench:
 
     # --- Ansible alone ---------------------------------------------------------------------
 
-    def run_ansible(self) -> Run:
+    def run_ansible(self, extra: dict[str, str] | None = None) -> Run:
         argv = [
             ansible_tool("ansible-playbook"),
             "-i",
@@ -233,7 +262,7 @@ class Bench:
             proc = subprocess.Popen(
                 argv,
                 cwd=self.scratch,
-                env=self.ansible_env,
+                env={**self.ansible_env, **(extra or {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -268,11 +297,17 @@ class Bench:
             )
         edges = [*plays, ends[0]]
         spans = [b - a for a, b in zip(edges, edges[1:], strict=False)]
-        return Run("ansible", m["wall_s"], m["controller_cpu_s"], m["machine_cpu_s"], spans)
+        return Run(
+            "ansible" + (" mitogen" if extra else ""),
+            m["wall_s"],
+            m["controller_cpu_s"],
+            m["machine_cpu_s"],
+            spans,
+        )
 
     # --- orch --------------------------------------------------------------------------------
 
-    def run_orch(self) -> Run:
+    def run_orch(self, extra: dict[str, str] | None = None) -> Run:
         self.orch_rounds += 1
         here = self.scratch / f"orch{self.orch_rounds}"  # a new plan folder: a new record
         plan = here / "plan" / f"{PLAN_NAME}.yaml"
@@ -286,7 +321,7 @@ class Bench:
             done = subprocess.run(
                 argv,
                 cwd=self.scratch,
-                env=self.env,
+                env={**self.env, **(extra or {})},
                 capture_output=True,
                 text=True,
                 stdin=subprocess.DEVNULL,
@@ -298,7 +333,13 @@ class Bench:
             )
         self.verify_roll(plan, homes)
         spans = self.orch_batches(plan.parent / ".orch" / f"{PLAN_NAME}.fleet.db")
-        return Run("orch", m["wall_s"], m["controller_cpu_s"], m["machine_cpu_s"], spans)
+        return Run(
+            "orch" + (" mitogen" if extra else ""),
+            m["wall_s"],
+            m["controller_cpu_s"],
+            m["machine_cpu_s"],
+            spans,
+        )
 
     def verify_roll(self, plan: Path, homes: Path) -> None:
         """`orch fleet status --json`: one completed roll, every host completed, both tasks
@@ -433,7 +474,10 @@ class Bench:
 
 
 def figures(
-    runs: list[tuple[Run, Run]], parts: dict[str, dict[str, float]], bench: Bench
+    runs: list[tuple[Run, Run]],
+    parts: dict[str, dict[str, float]],
+    bench: Bench,
+    with_mitogen: list[tuple[Run, Run]],
 ) -> tuple[list[Row], dict[str, Any]]:
     orch = [o for o, _ in runs]
     ans = [a for _, a in runs]
@@ -550,6 +594,17 @@ def figures(
         ),
         Row("cpu", "ansible: whole machine", median([r.machine_cpu_s for r in ans]), "cpu-s"),
     ]
+    mitogen = None
+    if with_mitogen:
+        m_orch = median([o.wall_s for o, _ in with_mitogen])
+        m_ans = median([a.wall_s for _, a in with_mitogen])
+        mitogen = {"orch_median_s": m_orch, "ansible_median_s": m_ans, "ratio": m_orch / m_ans}
+        note = f"goal ≤{GOAL:.2f}: {'met' if m_orch / m_ans <= GOAL else 'NOT met'}"
+        rows += [
+            Row("with Mitogen, both arms", "orch fleet run, median", m_orch, "s"),
+            Row("with Mitogen, both arms", "ansible-playbook, median", m_ans, "s"),
+            Row("with Mitogen, both arms", "  ratio orch/ansible", m_orch / m_ans, "x", note),
+        ]
     doc = {
         "hosts": n,
         "serial": bench.serial,
@@ -568,6 +623,7 @@ def figures(
         "goal": GOAL,
         "met": ratio <= GOAL,
         "parts": parts,
+        "mitogen": mitogen,  # None: not run (--no-mitogen, or it could not be had)
         "rows": [asdict(r) for r in rows],
     }
     return rows, doc
@@ -593,6 +649,15 @@ def render(rows: list[Row], runs: list[tuple[Run, Run]], orders: list[str], head
 # --- main ---------------------------------------------------------------------------------------
 
 
+@contextmanager
+def _ssh_masters_ended(sockets: Path) -> Iterator[None]:
+    """The SSH masters (ControlPersist) whose sockets are in `sockets`: ended after the block."""
+    try:
+        yield
+    finally:
+        subprocess.run(["pkill", "-f", f"{sockets}/"], check=False)
+
+
 def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -> dict[str, Any]:
     sys.path.insert(0, str(CHECKOUT / "tests"))
     from fleet_hosts import fleet
@@ -606,30 +671,39 @@ def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -
         f" --serial {args.serial} --canary 0, {args.rounds} rounds; python"
         f" {sys.version.split()[0]}, {os.cpu_count()} CPUs, load before"
         f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; build {build_id()}\n"
-        f"both arms: forks {args.serial}, pipelining on, ssh {SSH_ARGS}, no facts gathered"
+        f"both arms: forks {args.serial}, pipelining on, ssh {SSH_ARGS.format(scratch='…')},"
+        " no facts gathered"
     )
     say(head)
     t0 = time.perf_counter()
-    with fleet(args.hosts, systemd=False, prefix="web") as f:
+    (scratch / "cp").mkdir()  # SSH's control sockets: masters ended before the fleet is
+    with fleet(args.hosts, systemd=False, prefix="web") as f, _ssh_masters_ended(scratch / "cp"):
         say(f"fleet up in {time.perf_counter() - t0:.1f}s")
         b = Bench(scratch, args.hosts, args.serial, env)
         b.fleet, b.names = f, [h.name for h in f.hosts]
         b.write_ansible()
+        mitogen = None if args.no_mitogen else mitogen_env(say)
         warm = b.run_ansible()  # untimed: SSH, the page cache, the hosts' Python
         say(f"warm-up ansible run: {warm.wall_s:.2f}s")
+        if mitogen:
+            say(f"warm-up ansible run with Mitogen: {b.run_ansible(mitogen).wall_s:.2f}s")
         runs: list[tuple[Run, Run]] = []
+        with_mitogen: list[tuple[Run, Run]] = []
         orders = []
         for i in range(args.rounds):
             first_orch = i % 2 == 0
-            got: dict[str, Run] = {}
-            for tool in ("orch", "ansible") if first_orch else ("ansible", "orch"):
-                got[tool] = b.run_orch() if tool == "orch" else b.run_ansible()
-                say(f"round {i + 1}: {tool} {got[tool].wall_s:.2f}s")
-            runs.append((got["orch"], got["ansible"]))
+            for extra, into in ((None, runs), (mitogen, with_mitogen)):
+                if extra is None and into is with_mitogen:
+                    continue
+                got: dict[str, Run] = {}
+                for tool in ("orch", "ansible") if first_orch else ("ansible", "orch"):
+                    got[tool] = b.run_orch(extra) if tool == "orch" else b.run_ansible(extra)
+                    say(f"round {i + 1}: {got[tool].tool} {got[tool].wall_s:.2f}s")
+                into.append((got["orch"], got["ansible"]))
             orders.append("orch, ansible" if first_orch else "ansible, orch")
         say("the parts alone ...")
         parts = b.parts(args.reps)
-    rows, doc = figures(runs, parts, b)
+    rows, doc = figures(runs, parts, b, with_mitogen)
     doc["load_before"] = load
     doc["load_after"] = os.getloadavg()
     doc["build"] = build_id()
@@ -648,6 +722,9 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="timed rounds of both (3)")
     parser.add_argument("--reps", type=int, default=3, help="repetitions of each part (3)")
     parser.add_argument("--json", action="store_true", help="print the figures as JSON")
+    parser.add_argument(
+        "--no-mitogen", action="store_true", help="no third column (both arms with Mitogen)"
+    )
     args = parser.parse_args()
     if args.hosts < 1 or args.serial < 1 or args.rounds < 1 or args.reps < 1:
         parser.error("--hosts, --serial, --rounds and --reps must be at least 1")

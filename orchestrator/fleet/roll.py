@@ -395,7 +395,7 @@ class Roller:
             self._answered(record, roll, flight, result)
 
         beats = _heartbeat(self.say, flight, self.stopping)
-        with beats, self._progress(roll, flight.hosts, inventory):
+        with beats, self._progress(roll, flight, inventory):
             ended = run_roll(
                 self.options.inventory,
                 [todo for _, todo in batches],
@@ -544,17 +544,26 @@ class Roller:
             self._send(record, roll, flight.lacking, inventory, whole=True)
 
     def _progress(
-        self, roll: Roll, waiting: set[str], inventory: dict[str, InventoryHost]
+        self, roll: Roll, flight: _Flight, inventory: dict[str, InventoryHost]
     ) -> AbstractContextManager[None]:
-        """Every PROGRESS_S while a batch runs: the hosts still running asked, in one play,
-        what their stores say now (fleet/progress.py), each answer put on the board. Its own
-        connection to the record (another thread), its own folder for Ansible's files."""
+        """Every PROGRESS_S of a batch's run: its hosts still running asked, in one play, what
+        their stores say now (fleet/progress.py), each answer put on the board; a batch that
+        ends sooner is never asked. Its own connection to the record (another thread), its
+        own folder for Ansible's files."""
         name = self.plan.name
+        waiting = flight.hosts
+        asked = [0.0]  # when last asked
 
         def ask(_: float) -> None:
             hosts = sorted(waiting)
-            if not hosts or self.stopping.is_set():
+            now = time.monotonic()
+            if (
+                not hosts
+                or self.stopping.is_set()
+                or now - max(flight.started, asked[0]) < PROGRESS_S
+            ):
                 return
+            asked[0] = now
             argv = {
                 h: [_host_argv(inventory[h])[0], "-P", "-m", "orchestrator.fleet.progress",
                     f"{inventory[h].vars.get('orch_home', DEFAULT_HOME)}/{name}/.orch/{name}.db"]
@@ -577,7 +586,7 @@ class Roller:
                     cancel=lambda: self.stopping.is_set() or not waiting,
                 )
 
-        return every(PROGRESS_S, ask, "fleet-progress")
+        return every(1.0, ask, "fleet-progress")
 
     def _install(
         self,
