@@ -8,7 +8,7 @@ per stream, on a fixed schedule: the true TPOT is known), at rising concurrency.
 For each k of `--client-cpus`, the client runs on k CPUs (bench.serve's `cpus`) as k processes
 (`client_processes`; k = 1 is the one event loop in this process), and the server on all the
 other CPUs, as many processes (`--server-procs` to choose). The streams rise until a window is
-refused. Each level is one window of the real load generator (tasks/loadgen.py: `clients`,
+refused. Each level is one window of the real load generator (tasks/benchmark/serve.py: `clients`,
 judged by `judge_window`, as measure_level judges it) with `requests` = 2 x streams of 100
 tokens (50 with `--quick`), the server started afresh for it. Printed per level: the output
 tok/s the schedule gives and what the client measured, its median TPOT against the interval,
@@ -95,7 +95,14 @@ def server_late_ms(server: subprocess.Popen[str]) -> float:
 
 def level(url: str, streams: int, tokens: int, interval: float, cpus: list[int]) -> dict[str, Any]:
     """One window at `streams` streams, the client on `cpus`, as len(cpus) processes."""
-    from tasks.loadgen import BenchParams, Target, clients, judge_window, load_prompts, pinned
+    from tasks.benchmark.serve import (
+        BenchParams,
+        Target,
+        clients,
+        judge_window,
+        load_prompts,
+        pinned,
+    )
 
     p = BenchParams(
         url=url,

@@ -38,7 +38,13 @@ def measure(
     url: str, concurrency: int, min_windows: int, max_windows: int, stability: float
 ) -> tuple[float, float, float, int, bool]:
     """(seconds, median tok/s, interval width, windows kept, stable) of one level."""
-    from tasks.loadgen import BenchParams, Target, load_prompts, measure_level, merge_windows
+    from tasks.benchmark.serve import (
+        BenchParams,
+        Target,
+        load_prompts,
+        measure_level,
+        merge_windows,
+    )
 
     p = BenchParams(
         url=url,

@@ -72,7 +72,7 @@ class Launch:
 
 def launch(setting: Setting, work: Path) -> Launch:
     """One server launch, the three levels measured on it, the server ended."""
-    from tasks.loadgen import (
+    from tasks.benchmark.serve import (
         BenchParams,
         Target,
         exact_lengths,

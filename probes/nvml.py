@@ -73,7 +73,8 @@ class Nvml:
     """An initialized NVML: `with nvml:` shuts it down. Cheap to poll (handles are kept).
 
     `library` is pynvml after nvmlInit (open_nvml), or a stand-in with its API: the recorded
-    NVML of the tests (tasks/gpus.py, RecordedNvml) runs this class's code over recorded answers.
+    NVML of the tests (tasks/host/gpus.py, RecordedNvml) runs this class's code over recorded
+    answers.
     """
 
     def __init__(self, library: Any) -> None:

@@ -28,7 +28,7 @@ GENERATE_FINAL_CHUNK: dict[str, Any] = {
     },
 }
 
-# /server_info of a speculative server: the keys tasks/servers.py engine_settings reads.
+# /server_info of a speculative server: the keys tasks/serving/launch.py engine_settings reads.
 SERVER_INFO: dict[str, Any] = {
     "model_path": "/models/target",
     "version": "0.5.23",

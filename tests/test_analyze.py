@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from orchestrator import Context, TaskError
 from orchestrator.core.findings import Finding
 from orchestrator.views.report import markdown_html
-from tasks.analyze import (
+from tasks.analysis.compare import (
     AnalyzeCompare,
     CompareParams,
     Result,
@@ -1077,13 +1077,13 @@ def test_results_read_from_json_files(pdir: PlanDir) -> None:
         name: t
         tasks:
           - id: a
-            kind: "tasks.analyze:AnalyzeCompare"
+            kind: "tasks.analysis.compare:AnalyzeCompare"
             params: {{baseline: {pdir.root}/base.json, candidates: {{eagle: cand.json}}}}
           - id: b
-            kind: "tasks.analyze:AnalyzeCompare"
+            kind: "tasks.analysis.compare:AnalyzeCompare"
             params: {{baseline: base.json, candidates: {{eagle: v2.json}}}}
           - id: c
-            kind: "tasks.analyze:AnalyzeCompare"
+            kind: "tasks.analysis.compare:AnalyzeCompare"
             params: {{baseline: base.json, candidates: {{eagle: v3.json}}}}
     """)
     r = run_orch("run", plan, "--json", "--keep-going", cwd=pdir.root)

@@ -332,7 +332,7 @@ def test_server_group_ends_a_server_that_left_its_group(tmp_path: Path, mechanis
     of the group (and, under a cgroup, one that also cleared its environment) is ended."""
     from types import SimpleNamespace
 
-    from tasks.servers import LaunchParams, _Group
+    from tasks.serving.launch import LaunchParams, _Group
 
     pidfile = tmp_path / "worker.pid"
     clear = "env -i " if mechanism == "cgroup" else ""

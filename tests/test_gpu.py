@@ -28,8 +28,8 @@ import pytest
 
 from probes.nvml import Gpu, GpuProcess, NvmlUnavailable, open_nvml, snapshot
 from probes.procs import ProcessInfo
-from tasks.gpus import GpuProgress, RecordedNvml, busy
-from tasks.gpus import select as select_gpus
+from tasks.host.gpus import GpuProgress, RecordedNvml, busy
+from tasks.host.gpus import select as select_gpus
 
 from conftest import PlanDir, free_port, run_orch, start_orch, wait_for
 

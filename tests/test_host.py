@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.host import parse_size
+from tasks.host.checks import parse_size
 
 from conftest import PlanDir, run_orch
 
@@ -142,7 +142,7 @@ def test_the_import_probe_leaves_nothing_in_the_temp_folder(
 ) -> None:
     """A module whose import writes into the temp folder (as torch's inductor cache does when
     vllm is imported) writes into the probe's own, removed after: the host's stays clean."""
-    from tasks.host import probe_package
+    from tasks.host.checks import probe_package
 
     (tmp_path / "mods").mkdir()
     (tmp_path / "mods" / "cachey.py").write_text(

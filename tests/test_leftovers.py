@@ -1,7 +1,7 @@
 """A server left by a killed run is ended by the next run without a silent wait: the run says
 what it ends and how long it may wait, and a server that never became ready (its launch was cut
 short; vLLM may ignore SIGTERM while it loads) is not given its drain time
-(tasks/servers.py `_release_grace`, orchestrator/run/leases.py)."""
+(tasks/serving/launch.py `_release_grace`, orchestrator/run/leases.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tasks.loadgen import (
+from tasks.benchmark.serve import (
     BenchParams,
     Outcome,
     pinned,

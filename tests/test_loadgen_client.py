@@ -1,5 +1,5 @@
 """The load generator measures itself: a window where one of its event loops could not keep
-up timed the client, not the server, and is refused with the reason (tasks/loadgen.py,
+up timed the client, not the server, and is refused with the reason (tasks/benchmark/serve.py,
 `client_saturated`). The client here is the real measure_level against the real stub server
 (tests/openai_stub.py), on a thread, or in a process, that a cgroup's CPU quota starves: the
 way a client reading too many streams on one core falls behind, made certain.
@@ -28,7 +28,7 @@ import psutil
 import pytest
 
 from orchestrator import TaskError
-from tasks.loadgen import (
+from tasks.benchmark.serve import (
     STREAMS_PER_PROCESS,
     BenchParams,
     Measured,

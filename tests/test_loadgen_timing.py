@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from orchestrator import Context, Finding
-from tasks.analyze import Level
-from tasks.loadgen import (
+from tasks.analysis.compare import Level
+from tasks.benchmark.serve import (
     UNOBSERVED,
     BenchParams,
     BenchServe,

@@ -12,7 +12,7 @@ from orchestrator.core.findings import Finding
 from orchestrator.kinds.sections import Section
 from orchestrator.views.report import attempts_of
 from orchestrator.views.sectionfaults import sections_or_failure
-from tasks.loadgen import BenchServe
+from tasks.benchmark.serve import BenchServe
 
 from browser import blankness, check_page
 from conftest import PlanDir, run_orch

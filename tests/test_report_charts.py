@@ -11,10 +11,10 @@ import pytest
 from test_report import bench_doc, level
 
 import orchestrator.views.report as report
-import tasks.benchplots as benchplots
+import tasks.analysis.plots as benchplots
 from orchestrator.store.db import Store
 from orchestrator.views.report import Attempt, kind_sections, timeline, write_report
-from tasks.benchplots import bench_figures
+from tasks.analysis.plots import bench_figures
 
 from conftest import PlanDir, run_orch
 

@@ -21,7 +21,7 @@ from orchestrator import Context
 from orchestrator.proc.containment import jail
 from orchestrator.proc.procfs import marked
 from probes.procs import listeners
-from tasks.loadgen import (
+from tasks.benchmark.serve import (
     Outcome,
     Target,
     read_chunk,
@@ -31,7 +31,7 @@ from tasks.loadgen import (
     unmeasured_acceptance,
     vllm_acceptance,
 )
-from tasks.servers import LaunchParams, ServerLaunch, engine_settings, render
+from tasks.serving.launch import LaunchParams, ServerLaunch, engine_settings, render
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sglang_shapes import GENERATE_FINAL_CHUNK

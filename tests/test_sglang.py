@@ -246,7 +246,7 @@ def test_the_flagships_sglang_arguments_pass_sglangs_own_parser(sglang_cpu: Path
     by the pinned SGLang's argument parser: a flag SGLang renamed or removed fails here."""
     from orchestrator.plan.model import load_plan
     from orchestrator.plan.templating import resolve
-    from tasks.servers import LaunchParams, render
+    from tasks.serving.launch import LaunchParams, render
 
     plan = load_plan(ROOT / "plans" / "sglang_migration.yaml")
 

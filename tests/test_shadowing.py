@@ -136,7 +136,7 @@ def test_a_user_s_tasks_module_and_orch_s_tasks_package_both_load_and_run(
 ) -> None:
     """`kind: tasks:MyTask` from the tasks.py beside the plan, in the same plan as
     `gpu.wait_free` from orch's `tasks` package: both resolve, and the user's task runs (and
-    imports orch's `tasks.gpus` as orch's), wherever orch is started."""
+    imports orch's `tasks.host.gpus` as orch's), wherever orch is started."""
     plans = tmp_path / "plans"
     plans.mkdir()
     (plans / "tasks.py").write_text(
@@ -148,7 +148,7 @@ def test_a_user_s_tasks_module_and_orch_s_tasks_package_both_load_and_run(
                 Params = orchestrator.NoParams
 
                 def run(self, ctx: orchestrator.Context) -> None:
-                    from tasks.gpus import GpuWaitFree  # orch's, not this file
+                    from tasks.host.gpus import GpuWaitFree  # orch's, not this file
 
                     ctx.finding("module", __name__)
                     ctx.finding("orch_kind", GpuWaitFree.__module__)
@@ -178,7 +178,7 @@ def test_a_user_s_tasks_module_and_orch_s_tasks_package_both_load_and_run(
     assert tasks["wait"]["status"] == "skipped"
     found = {f["key"]: f["value"] for f in tasks["mine"]["findings"]}
     assert found["module"].startswith("orch_plan_") and found["module"].endswith(".tasks")
-    assert found["orch_kind"] == "tasks.gpus"
+    assert found["orch_kind"] == "tasks.host.gpus"
 
 
 def test_a_python_function_beside_the_plan_imports_its_sibling(tmp_path: Path) -> None:

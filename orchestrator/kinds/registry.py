@@ -10,7 +10,7 @@ Entry points are loaded only for the kinds a plan names, so a plan pays for what
 Two namespaces, neither able to hide the other (a `tasks.py` beside a plan once hid orch's own
 `tasks` package: "'tasks' is not a package"). Nothing here touches sys.path:
 
-- orch's modules (built-ins, entry points: `tasks.gpus`, `probes.nvml`) are imported the normal
+- orch's modules (built-ins, entry points: `tasks.host.gpus`, `probes.nvml`) are imported the normal
   way, with sys.path as the interpreter set it, so no file of the user's can stand in for them
   (`python -m orchestrator` drops the working directory Python puts first: __main__.py);
 - a user's `module:Class` kind or `module:function` target (import_user) whose top-level module

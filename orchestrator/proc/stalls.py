@@ -3,7 +3,7 @@
 Progress is anything that moves: the log grew; one process of the task used more than
 CPU_SHARE of a core since the last sign of progress (a blocked process uses none; a timer
 thread or an idle poll uses well under 1%, so one waking now and then is not "working"); or a
-progress probe's reading changed (plugins, entry-point group `orch.progress`: tasks/gpus.py
+progress probe's reading changed (plugins, entry-point group `orch.progress`: tasks/host/gpus.py
 reads GPU memory and utilisation through NVML, so a loader filling GPU memory is loading).
 When nothing moved for `stall_after` seconds the watcher reports once, with evidence: a
 py-spy stack dump of each Python process, the state and kernel wait channel of every process,

@@ -22,7 +22,7 @@ import torch  # noqa: E402
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers  # noqa: E402
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast  # noqa: E402
 
-from tasks.words import WORDS  # noqa: E402  (the prompts' words: the tokenizer must know them)
+from tasks.benchmark.words import WORDS  # noqa: E402  (the prompts' words: the tokenizer must know them)
 
 VOCAB = 512
 NOISE = 0.01

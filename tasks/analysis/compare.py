@@ -2047,7 +2047,7 @@ class AnalyzeCompare(Task[CompareParams]):
     @classmethod
     def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
         """Baseline and candidates on the same charts, then the analysis as written."""
-        from tasks.benchplots import bench_figures
+        from tasks.analysis.plots import bench_figures
 
         notes, figures, text = [], [], ""
         if (found := findings.get("inputs")) is not None:

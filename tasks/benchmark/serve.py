@@ -68,7 +68,8 @@ per-request `meta_info` through its native /generate (tau = sum completion_token
 spec_verify_ct, token-weighted). Every figure is reported as tau with k, the strict rate
 (tau - 1) / k and the per-token alpha, so two engines' numbers compare.
 
-Results: findings, and the `orch.bench/v2` JSON (tasks/analyze.py) that analyze.compare reads.
+Results: findings, and the `orch.bench/v2` JSON (tasks/analysis/compare.py) that
+analyze.compare reads.
 """
 
 from __future__ import annotations
@@ -103,9 +104,9 @@ from orchestrator.core.safeopen import write_atomically
 from orchestrator.kinds.sections import Section
 from probes import http
 from probes.nvml import NvmlUnavailable, snapshot
-from tasks.analyze import SCHEMA, alpha_from_tau, strict_rate
-from tasks.servers import engine_settings
-from tasks.words import WORDS
+from tasks.analysis.compare import SCHEMA, alpha_from_tau, strict_rate
+from tasks.benchmark.words import WORDS
+from tasks.serving.launch import engine_settings
 
 VLLM_SPEC = "vllm:spec_decode_"
 # Share of answers without token timing above which a window is redone; one such answer never
@@ -897,7 +898,7 @@ class ClientJob:
 # server) that would outlive the level. It talks to its parent over a socket pair, in pickles.
 CLIENT_PROCESS = (
     "import sys; sys.path.insert(0, {root!r}); "
-    "from tasks.loadgen import client_process; client_process(int(sys.argv[1]))"
+    "from tasks.benchmark.serve import client_process; client_process(int(sys.argv[1]))"
 )
 
 
@@ -1391,7 +1392,7 @@ class BenchServe(Task[BenchParams]):
     @classmethod
     def report(cls, findings: Mapping[str, Finding]) -> Sequence[Section]:
         """Its curves, from the result document it wrote (gone or unreadable: a note)."""
-        from tasks.benchplots import bench_figures, read_document
+        from tasks.analysis.plots import bench_figures, read_document
 
         if (result := findings.get("result")) is None:
             return ()

@@ -36,7 +36,7 @@ from probes.nvml import (
     holds_nvidia_device,
     open_nvml,
 )
-from tasks.host import format_size
+from tasks.host.checks import format_size
 
 T = TypeVar("T")
 GIB = 1024**3

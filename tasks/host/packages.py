@@ -31,7 +31,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_valida
 
 from orchestrator import Context, Task, TaskError, TaskTimeout
 from orchestrator.kinds.task import as_list
-from tasks.host import default_import_name, probe_package
+from tasks.host.checks import default_import_name, probe_package
 
 PROBE_TIMEOUT = 600.0  # seconds for a probe when the task has no timeout (imports can be slow)
 
