@@ -139,13 +139,10 @@ def vllm(url: str, dataset: Path, concurrency: int, requests: int, out: Path) ->
 def client_main(url: str, dataset: str, concurrency: int, requests: int, out: str) -> None:
     """The child side: bench.serve's own level runner, nothing else."""
     sys.path.insert(0, str(ROOT))
-    from tasks.benchmark.serve import (
-        BenchParams,
-        Target,
-        load_prompts,
-        measure_level,
-        summarize_level,
-    )
+    from tasks.benchmark.level import measure_level
+    from tasks.benchmark.params import BenchParams, Target
+    from tasks.benchmark.prompts import load_prompts
+    from tasks.benchmark.windows import summarize_level
 
     # One window of all the requests: what `vllm bench serve` measures.
     p = BenchParams(

@@ -95,14 +95,11 @@ def server_late_ms(server: subprocess.Popen[str]) -> float:
 
 def level(url: str, streams: int, tokens: int, interval: float, cpus: list[int]) -> dict[str, Any]:
     """One window at `streams` streams, the client on `cpus`, as len(cpus) processes."""
-    from tasks.benchmark.serve import (
-        BenchParams,
-        Target,
-        clients,
-        judge_window,
-        load_prompts,
-        pinned,
-    )
+    from tasks.benchmark.params import BenchParams, Target
+    from tasks.benchmark.pool import clients
+    from tasks.benchmark.prompts import load_prompts
+    from tasks.benchmark.serve import pinned
+    from tasks.benchmark.windows import judge_window
 
     p = BenchParams(
         url=url,

@@ -38,13 +38,9 @@ def measure(
     url: str, concurrency: int, min_windows: int, max_windows: int, stability: float
 ) -> tuple[float, float, float, int, bool]:
     """(seconds, median tok/s, interval width, windows kept, stable) of one level."""
-    from tasks.benchmark.serve import (
-        BenchParams,
-        Target,
-        load_prompts,
-        measure_level,
-        merge_windows,
-    )
+    from tasks.benchmark.level import measure_level, merge_windows
+    from tasks.benchmark.params import BenchParams, Target
+    from tasks.benchmark.prompts import load_prompts
 
     p = BenchParams(
         url=url,

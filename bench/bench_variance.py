@@ -72,14 +72,9 @@ class Launch:
 
 def launch(setting: Setting, work: Path) -> Launch:
     """One server launch, the three levels measured on it, the server ended."""
-    from tasks.benchmark.serve import (
-        BenchParams,
-        Target,
-        exact_lengths,
-        load_prompts,
-        measure_level,
-        merge_windows,
-    )
+    from tasks.benchmark.level import measure_level, merge_windows
+    from tasks.benchmark.params import BenchParams, Target
+    from tasks.benchmark.prompts import exact_lengths, load_prompts
 
     port = free_port()
     url = f"http://127.0.0.1:{port}"

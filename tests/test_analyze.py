@@ -21,22 +21,18 @@ from pydantic import ValidationError
 from orchestrator import Context, TaskError
 from orchestrator.core.findings import Finding
 from orchestrator.views.report import markdown_html
-from tasks.analysis.compare import (
-    AnalyzeCompare,
-    CompareParams,
-    Result,
-    Verdict,
-    _why_pays,
+from tasks.analysis.compare import AnalyzeCompare
+from tasks.analysis.judging import _why_pays, compare
+from tasks.analysis.models import CompareParams, Result, load_result
+from tasks.analysis.render import record, render
+from tasks.analysis.speculation import (
     alpha_from_tau,
-    compare,
-    load_result,
     modelled_speedup,
-    record,
-    render,
     strict_rate,
     tau_from_alpha,
     tau_from_rate,
 )
+from tasks.analysis.verdict import Verdict
 
 from conftest import PlanDir, free_port, run_orch
 from helpers_tasks import FindingsSink

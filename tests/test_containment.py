@@ -26,7 +26,7 @@ from orchestrator.proc.procfs import marked, terminate_pids
 from orchestrator.proc.spawn import LogCap
 from orchestrator.run.loop import PROCESS_MARKER, store_tag
 
-from conftest import ORCH, PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
+from conftest import ORCH, PlanDir, pid_alive, run_orch, start_orch, wait_for
 from sandbox import Sandbox, remove, start
 
 PY = sys.executable
@@ -332,14 +332,14 @@ def test_server_group_ends_a_server_that_left_its_group(tmp_path: Path, mechanis
     of the group (and, under a cgroup, one that also cleared its environment) is ended."""
     from types import SimpleNamespace
 
-    from tasks.serving.launch import LaunchParams, _Group
+    from tasks.serving.supervise import _Group
 
     pidfile = tmp_path / "worker.pid"
     clear = "env -i " if mechanism == "cgroup" else ""
     worker = f"setsid -f {clear}sh -c 'echo $$ > {pidfile}; exec sleep 300'; exec sleep 300"
-    p = LaunchParams(flavour="command", command=["sh", "-c", worker], port=free_port())
     handle = _Group.name("s", SimpleNamespace(run_id=1))  # type: ignore[arg-type]
-    handle = _Group.start(handle, p, ["sh", "-c", worker], tmp_path / "s.log", str(tmp_path))
+    argv = ["sh", "-c", worker]
+    handle = _Group.start(handle, {}, 5.0, argv, tmp_path / "s.log", str(tmp_path))
     wait_for(lambda: pidfile.exists() and pidfile.read_text().strip() != "", what="worker")
     escaped = int(pidfile.read_text())
     assert escaped in _Group.leftovers(handle)

@@ -11,14 +11,9 @@ from typing import Any
 
 import pytest
 
-from tasks.benchmark.serve import (
-    BenchParams,
-    Outcome,
-    pinned,
-    spread,
-    summarize_level,
-    window_problems,
-)
+from tasks.benchmark.params import BenchParams, Outcome
+from tasks.benchmark.serve import pinned
+from tasks.benchmark.windows import spread, summarize_level, window_problems
 
 from conftest import PlanDir, free_port, run_orch
 from test_servers import findings, no_server_left, stub_plan

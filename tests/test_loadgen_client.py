@@ -28,17 +28,12 @@ import psutil
 import pytest
 
 from orchestrator import TaskError
-from tasks.benchmark.serve import (
-    STREAMS_PER_PROCESS,
-    BenchParams,
-    Measured,
-    Target,
-    client_processes,
-    load_prompts,
-    measure_level,
-    merge_windows,
-    pinned,
-)
+from tasks.benchmark.level import measure_level, merge_windows
+from tasks.benchmark.params import STREAMS_PER_PROCESS, BenchParams, Target
+from tasks.benchmark.pool import client_processes
+from tasks.benchmark.prompts import load_prompts
+from tasks.benchmark.serve import pinned
+from tasks.benchmark.windows import Measured
 
 from conftest import free_port, wait_for
 
@@ -184,7 +179,7 @@ def params(url: str, **over: Any) -> BenchParams:
 def level(
     url: str, p: BenchParams, concurrency: int, say: Callable[[str], None], every: float = 10.0
 ) -> Measured:
-    target = Target(url, "tiny", "openai", None, {})
+    target = Target(url, "tiny", "openai", "vllm", {})  # the stub counts as vLLM does
     return asyncio.run(measure_level(target, load_prompts(p), p, concurrency, None, say, every))
 
 
@@ -237,7 +232,8 @@ def test_a_level_over_two_processes_sends_every_request_once(stub: str, tmp_path
         # vLLM's counters, scraped around the window of both processes: the stub adds n // 2
         # drafts for an answer of n tokens
         assert window.spec is not None and window.spec["accept_length"] == 2.0
-        assert window.spec["drafts"] == sum(o.output_tokens // 2 for o in window.outcomes)
+        drafts = window.spec["counts"]["drafts"]
+        assert drafts == sum(o.output_tokens // 2 for o in window.outcomes)
     assert len(seen) == 2 and all(cpus == [cpu] for cpus in seen.values()), seen  # `cpus` holds
     for figures in merge_windows(3, measured)["per_window"]:
         client = figures["client"]

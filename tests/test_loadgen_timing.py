@@ -10,18 +10,11 @@ from typing import Any
 import pytest
 
 from orchestrator import Context, Finding
-from tasks.analysis.compare import Level
-from tasks.benchmark.serve import (
-    UNOBSERVED,
-    BenchParams,
-    BenchServe,
-    Measured,
-    Outcome,
-    Windows,
-    merge_windows,
-    summarize_level,
-    window_problems,
-)
+from tasks.analysis.models import Level
+from tasks.benchmark.level import merge_windows
+from tasks.benchmark.params import UNOBSERVED, BenchParams, Outcome
+from tasks.benchmark.serve import BenchServe
+from tasks.benchmark.windows import Measured, Windows, summarize_level, window_problems
 
 from helpers_tasks import FindingsSink
 

@@ -21,17 +21,12 @@ from orchestrator import Context
 from orchestrator.proc.containment import jail
 from orchestrator.proc.procfs import marked
 from probes.procs import listeners
-from tasks.benchmark.serve import (
-    Outcome,
-    Target,
-    read_chunk,
-    sglang_acceptance,
-    stats_ms,
-    summarize_level,
-    unmeasured_acceptance,
-    vllm_acceptance,
-)
-from tasks.serving.launch import LaunchParams, ServerLaunch, engine_settings, render
+from tasks.benchmark.acceptance import measured, of_window, unmeasured_acceptance
+from tasks.benchmark.params import Outcome, Target
+from tasks.benchmark.windows import stats_ms, summarize_level
+from tasks.serving.engines import ENGINES, identify
+from tasks.serving.engines.base import Stream
+from tasks.serving.launch import LaunchParams, ServerLaunch, render
 
 from conftest import PlanDir, free_port, pid_alive, run_orch, start_orch, wait_for
 from sglang_shapes import GENERATE_FINAL_CHUNK
@@ -200,65 +195,54 @@ def test_tpot_excludes_the_first_token_and_one_token_requests() -> None:
 
 
 def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
-    before = {
-        "num_drafts": 100,
-        "num_draft_tokens": 300,
-        "num_accepted_tokens": 50,
-        "pos0": 40,
-        "pos1": 10,
-        "pos2": 0,
-    }
-    after = {
-        "num_drafts": 300,
-        "num_draft_tokens": 900,
-        "num_accepted_tokens": 180,
-        "pos0": 120,
-        "pos1": 50,
-        "pos2": 10,
-    }
-    got = vllm_acceptance(before, after)
+    """The vLLM adapter's counts (its /metrics counters, by orch's names) around a window."""
+    vllm = ENGINES["vllm"]
+    before = {"drafts": 100, "proposed": 300, "accepted": 50, "pos0": 40, "pos1": 10, "pos2": 0}
+    after = {"drafts": 300, "proposed": 900, "accepted": 180, "pos0": 120, "pos1": 50, "pos2": 10}
+    counts = vllm.window_counts(before, after, [])
+    assert counts is not None
+    got = measured(vllm, counts, None)
     assert got is not None
     assert got["accept_length"] == pytest.approx(1.65) and got["draft_tokens"] == 3
     assert got["acceptance"] == pytest.approx(130 / 600)  # = (tau-1)/k
     assert got["alpha"] == pytest.approx(0.411, abs=1e-3)
     assert got["per_position"] == [0.4, 0.2, 0.05]
-    assert vllm_acceptance(before, before) is None  # no drafts: speculation was off
+    assert got["counts"]["accepted"] == 130
+    assert vllm.window_counts(before, before, []) is None  # no drafts: speculation was off
 
 
 def test_sglang_meta_info_gives_acceptance_from_its_draft_counts() -> None:
     """Shapes as a real SGLang sends them (tests/sglang_shapes.py, checked against one by
-    tests/test_sglang.py)."""
-    out, state = Outcome(ok=False), {}
-    assert read_chunk(
-        "sglang",
-        {"text": "Hel", "meta_info": {"completion_tokens": 1, "prompt_tokens": 42}},
-        out,
-        state,
-    )
-    assert not read_chunk("sglang", {"text": "Hel", "meta_info": {}}, out, state)
-    assert read_chunk("sglang", GENERATE_FINAL_CHUNK, out, state)
-    assert (out.output_tokens, out.prompt_tokens, out.verify_ct) == (256, 42, 155)
-    assert (out.correct_drafts, out.proposed_drafts) == (100, 465)
-    out.ok = True
-    other = Outcome(
-        ok=True, output_tokens=100, verify_ct=45, correct_drafts=30, proposed_drafts=135
-    )
-    got = sglang_acceptance([out, other], k=3)
+    tests/test_sglang.py), read by the SGLang adapter."""
+    sglang = ENGINES["sglang"]
+    out = Stream()
+    first = {"text": "Hel", "meta_info": {"completion_tokens": 1, "prompt_tokens": 42}}
+    assert sglang.read_chunk("sglang", first, out)
+    assert not sglang.read_chunk("sglang", {"text": "Hel", "meta_info": {}}, out)
+    assert sglang.read_chunk("sglang", GENERATE_FINAL_CHUNK, out)
+    assert (out.output_tokens, out.prompt_tokens) == (256, 42)
+    assert out.counts == {"verify_passes": 155, "correct_drafts": 100, "proposed_drafts": 465}
+    other = Stream(100, 0, {"verify_passes": 45, "correct_drafts": 30, "proposed_drafts": 135})
+    counts = sglang.window_counts({}, {}, [out, other])
+    assert counts is not None
+    got = measured(sglang, counts, 3)
     assert got is not None
     # 1 + accepted drafts per verify pass, summed over requests (not the mean of each's).
     assert got["accept_length"] == pytest.approx(1 + 130 / 200)
     assert got["acceptance"] == pytest.approx(130 / 600)
     assert got["engine_accept_rate"] == pytest.approx(130 / 600, abs=1e-4)
-    assert (got["correct_drafts"], got["proposed_drafts"]) == (130, 600)
+    assert (got["counts"]["correct_drafts"], got["counts"]["proposed_drafts"]) == (130, 600)
     # SGLang's own accept length counts each answer's first token (the prefill's) too.
     assert got["engine_accept_length"] == pytest.approx(356 / 200, abs=1e-4)
     # An SGLang that reports no draft counts: tau from output tokens / verify passes.
-    bare = sglang_acceptance([Outcome(ok=True, output_tokens=356, verify_ct=200)], k=3)
-    assert bare is not None and bare["accept_length"] == pytest.approx(356 / 200)
-    failed = Outcome(
-        ok=False, output_tokens=50, verify_ct=40, correct_drafts=9, proposed_drafts=120
-    )
-    assert sglang_acceptance([out, other, failed], k=3) == got  # a failed request counts not
+    bare = sglang.window_counts({}, {}, [Stream(356, 0, {"verify_passes": 200})])
+    assert bare is not None
+    assert measured(sglang, bare, 3)["accept_length"] == pytest.approx(356 / 200)  # type: ignore[index]
+    # The benchmark hands the adapter its answers that succeeded only.
+    failed = Outcome(ok=False, output_tokens=50, counts={"verify_passes": 40})
+    ok = [Outcome(ok=True, output_tokens=s.output_tokens, counts=s.counts) for s in (out, other)]
+    target = Target("http://h", "m", "sglang", "sglang", {})
+    assert of_window(target, {}, {}, [*ok, failed], 3) == got
 
 
 def test_why_a_benchmark_has_no_acceptance_is_said() -> None:
@@ -266,7 +250,7 @@ def test_why_a_benchmark_has_no_acceptance_is_said() -> None:
         target = Target("http://h", "m", api, engine, {})  # type: ignore[arg-type]
         return unmeasured_acceptance(target, algorithm)
 
-    assert "neither SGLang's /server_info nor vLLM's /version" in str(why(None, "openai", None))
+    assert "none of the engines orch knows (SGLang, vLLM)" in str(why(None, "openai", None))
     assert "native /generate only" in str(why("sglang", "openai", "EAGLE3"))
     assert "in /generate's meta_info" in str(why("sglang", "sglang", "EAGLE3"))
     assert "in its /metrics counters" in str(why("vllm", "openai", "eagle3"))
@@ -282,7 +266,7 @@ def test_a_server_given_by_url_is_asked_what_it_is(tmp_path: Path) -> None:
         stub = subprocess.Popen(args, stdout=subprocess.DEVNULL, start_new_session=True)
         try:
             wait_for(lambda p=port: bool(listeners(p)), timeout=30, what="the stub")
-            got = engine_settings(f"http://127.0.0.1:{port}")
+            got = identify(f"http://127.0.0.1:{port}")
             assert got == ({"flavour": "vllm", "version": version} if version else {})
         finally:
             os.killpg(stub.pid, signal.SIGKILL)
@@ -298,7 +282,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
     plan = pd.write(
         stub_plan(
             port,
-            stub_args="--child --load 1.5",
+            stub_args="--child --load 1.5 --version 0.0.1-stub",
             extra="""
       - id: bench
         kind: bench.serve
@@ -331,7 +315,7 @@ def test_launch_waits_for_the_load_benchmarks_and_stop_leaves_no_process(tmp_pat
         assert level["input_tokens"] == n * 6  # cut to 6 by the server's /tokenize
         # Warm-up requests and thrown-away windows moved the server's counters too, but
         # between the scrapes around each kept window.
-        assert level["spec"]["drafts"] == n * 10
+        assert level["spec"]["counts"]["drafts"] == n * 10
         assert level["tpot"]["mean"] >= 2.0  # the stub sleeps 2 ms per token
         # One token per chunk, all requests of one length: ITL and TPOT are the same gaps.
         assert level["itl"]["mean"] == pytest.approx(level["tpot"]["mean"])
