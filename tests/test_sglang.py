@@ -159,18 +159,19 @@ def test_acceptance_per_level_is_sglangs_own_counts_summed(served: tuple[Path, P
         assert doc["server"]["engine"] == "sglang" and "meta_info" in doc["spec"]["source"]
         for level in doc["levels"]:
             spec = level["spec"]
-            assert spec["proposed_drafts"] == spec["verify_passes"] * 3  # k = 3 per pass
+            n = spec["counts"]  # SGLang's own counts, as its adapter names them
+            assert n["proposed_drafts"] == n["verify_passes"] * 3  # k = 3 per pass
             assert spec["engine_accept_rate"] == pytest.approx(
-                spec["correct_drafts"] / spec["proposed_drafts"], abs=1e-4
+                n["correct_drafts"] / n["proposed_drafts"], abs=1e-4
             )
-            unexplained = spec["output_tokens"] - spec["verify_passes"] - spec["correct_drafts"]
+            unexplained = n["output_tokens"] - n["verify_passes"] - n["correct_drafts"]
             assert 0 <= unexplained <= level["completed"], spec
             assert spec["accept_length"] == pytest.approx(
-                1 + spec["correct_drafts"] / spec["verify_passes"]
+                1 + n["correct_drafts"] / n["verify_passes"]
             )
             assert spec["acceptance"] == pytest.approx(spec["engine_accept_rate"], abs=1e-4)
             assert spec["engine_accept_length"] == pytest.approx(
-                spec["output_tokens"] / spec["verify_passes"], abs=1e-4
+                n["output_tokens"] / n["verify_passes"], abs=1e-4
             )
         got = findings(plan, f"bench_{name}")
         assert {"c1.accept_length", "c4.accept_length"} <= got.keys()
@@ -186,7 +187,7 @@ def test_a_benchmark_by_url_reads_the_speculation_from_the_server(
     doc = result(plan, "bench_by_url")
     assert doc["server"]["engine"] == "sglang" and doc["benchmark"]["api"] == "sglang"
     assert doc["server"]["settings"]["speculative_algorithm"] == "EAGLE3"
-    assert doc["spec"]["draft_tokens"] == 3 and doc["spec"]["verify_passes"] > 0
+    assert doc["spec"]["draft_tokens"] == 3 and doc["spec"]["counts"]["verify_passes"] > 0
     assert "acceptance_unmeasured" not in findings(plan, "bench_by_url")
 
 
