@@ -38,12 +38,13 @@ WindowRun = Callable[[str], Awaitable[tuple[list[Outcome], float, list[ClientLoa
 
 
 @contextlib.asynccontextmanager
-async def client_session(p: BenchParams, streams: int) -> AsyncIterator[Any]:
-    """An aiohttp session holding at most `streams` connections."""
+async def client_session(target: Target, p: BenchParams, streams: int) -> AsyncIterator[Any]:
+    """An aiohttp session holding at most `streams` connections, each kept for the next
+    request where the engine keeps it too (its adapter's `keep_alive`)."""
     import aiohttp
 
     timeout = aiohttp.ClientTimeout(total=p.request_timeout)
-    connector = aiohttp.TCPConnector(limit=streams)
+    connector = aiohttp.TCPConnector(limit=streams, force_close=not target.adapter.keep_alive)
     async with aiohttp.ClientSession(timeout=timeout, connector=connector) as session:
         yield session
 
@@ -99,7 +100,7 @@ async def clients(
         async with ClientPool(n, target, todo, warm, p, concurrency, cpus) as pool:
             yield lambda label: pool.window(label, progress, every)
         return
-    async with client_session(p, concurrency) as session:
+    async with client_session(target, p, concurrency) as session:
         await warm_up(session, target, warm, p, concurrency)
 
         async def window(label: str) -> tuple[list[Outcome], float, list[ClientLoad]]:
@@ -317,7 +318,7 @@ def client_process(fd: int) -> None:
 
 async def _client_windows(conn: Connection, job: ClientJob) -> None:
     loop = asyncio.get_running_loop()
-    async with client_session(job.p, job.streams) as session:
+    async with client_session(job.target, job.p, job.streams) as session:
         await warm_up(session, job.target, job.warm, job.p, job.concurrency)
         conn.send(("ready",))
         while True:

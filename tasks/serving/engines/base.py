@@ -124,6 +124,9 @@ class Engine:
     # per request (None: acceptance does not depend on the API, or there is none).
     api = OPENAI
     acceptance_api: str | None = None
+    # Whether a connection that carried a streamed answer may carry the next request (HTTP
+    # keep-alive as the engine says it); False: a connection of its own for each request.
+    keep_alive = True
     # Where a benchmark's acceptance comes from, written into the result.
     acceptance_source = ""
     # The definition of the engine's own acceptance rate when a result does not say it (None:
