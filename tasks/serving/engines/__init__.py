@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.serving.engines import sglang, vllm
+from tasks.serving.engines import llamacpp, sglang, vllm
 from tasks.serving.engines.base import OPENAI, Engine
 
 __all__ = ["ENGINES", "GENERIC", "OPENAI", "Engine", "apis", "engine", "identify"]
 
-ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE)}
+ENGINES: dict[str, Engine] = {e.name: e for e in (sglang.ENGINE, vllm.ENGINE, llamacpp.ENGINE)}
 GENERIC = Engine()  # any other OpenAI-compatible server
 
 
