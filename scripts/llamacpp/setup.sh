@@ -11,6 +11,10 @@ DIR=${1:-$HERE/../../.servers}
 VERSION=0.3.36   # llama-cpp-python's, whose vendor/llama.cpp is built
 "$HERE/../vllm_cpu/setup.sh" "$DIR" > /dev/null   # the models, and the venv that converts them
 DIR=$(cd "$DIR" && pwd)
+# The converter imports torch, which makes its inductor cache in the temp folder: a private one.
+TMPDIR=$(mktemp -d)
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 OUT=$DIR/llamacpp
 SRC=$OUT/llama_cpp_python-$VERSION/vendor/llama.cpp
 mkdir -p "$OUT/bin" "$OUT/models"
