@@ -208,6 +208,7 @@ def test_vllm_acceptance_is_the_difference_of_its_counters() -> None:
     assert got["alpha"] == pytest.approx(0.411, abs=1e-3)
     assert got["per_position"] == [0.4, 0.2, 0.05]
     assert got["counts"]["accepted"] == 130
+    assert (got["drafts"], got["proposed"], got["accepted"]) == (200, 600, 130)  # v2's names
     assert vllm.window_counts(before, before, []) is None  # no drafts: speculation was off
 
 
@@ -232,6 +233,7 @@ def test_sglang_meta_info_gives_acceptance_from_its_draft_counts() -> None:
     assert got["acceptance"] == pytest.approx(130 / 600)
     assert got["engine_accept_rate"] == pytest.approx(130 / 600, abs=1e-4)
     assert (got["counts"]["correct_drafts"], got["counts"]["proposed_drafts"]) == (130, 600)
+    assert (got["verify_passes"], got["correct_drafts"], got["proposed_drafts"]) == (200, 130, 600)
     # SGLang's own accept length counts each answer's first token (the prefill's) too.
     assert got["engine_accept_length"] == pytest.approx(356 / 200, abs=1e-4)
     # An SGLang that reports no draft counts: tau from output tokens / verify passes.

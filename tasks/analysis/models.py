@@ -191,7 +191,9 @@ class Spec(BaseModel):
         None, description="the engine's own acceptance figure: 0.42 or '42%'"
     )
     acceptance_definition: Definition | None = None
-    # The counts bench.serve derived them from (vLLM /metrics deltas, SGLang meta_info).
+    # The counts bench.serve derived them from (vLLM /metrics deltas, SGLang meta_info), as
+    # orch.bench/v2 has named them at the top level since before `counts`: kept there for
+    # whoever reads them (COUNT_NAMES), and under `counts` by the engine's adapter's names.
     alpha: float | None = None
     drafts: int | None = None
     proposed: int | None = None
@@ -231,6 +233,13 @@ class Spec(BaseModel):
         if self.draft_tokens is not None:
             return self.draft_tokens
         return None if self.num_draft_tokens is None else self.num_draft_tokens - 1
+
+
+# Spec's count fields: an engine's counts of these names are written at the top level too.
+COUNT_NAMES = frozenset(
+    ("drafts", "proposed", "accepted", "verify_passes", "output_tokens", "correct_drafts",
+     "proposed_drafts")
+)  # fmt: skip
 
 
 class Result(BaseModel):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from tasks.analysis.models import COUNT_NAMES
 from tasks.analysis.speculation import alpha_from_tau, strict_rate
 from tasks.benchmark.params import Outcome, Target
 from tasks.serving.engines import ENGINES, Engine
@@ -29,10 +30,12 @@ def acceptance(tau: float, k: float) -> dict[str, Any]:
 
 
 def measured(adapter: Engine, counts: Counts, k: int | None) -> dict[str, Any] | None:
-    """What `counts` say: tau, k and the rates, the engine's own figures, the counts."""
+    """What `counts` say: tau, k and the rates, the engine's own figures, the counts (those
+    orch.bench/v2 names at its top level there too: COUNT_NAMES)."""
     if (m := adapter.measure(counts, k)) is None:
         return None
-    return {**acceptance(m.tau, m.k), **m.figures, "counts": counts}
+    named = {key: int(value) for key, value in counts.items() if key in COUNT_NAMES}
+    return {**acceptance(m.tau, m.k), **m.figures, **named, "counts": counts}
 
 
 def of_window(
