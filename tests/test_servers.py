@@ -247,6 +247,20 @@ def test_sglang_meta_info_gives_acceptance_from_its_draft_counts() -> None:
     assert of_window(target, {}, {}, [*ok, failed], 3) == got
 
 
+def test_an_unknown_flavour_or_api_is_a_plan_error_with_its_line(tmp_path: Path) -> None:
+    plan = tmp_path / "p.yaml"
+    plan.write_text(
+        "name: p\ntasks:\n  - id: a\n    kind: server.launch\n"
+        "    params: {flavour: llamacp, model: m, port: 1}\n"
+        "  - id: b\n    kind: bench.serve\n    params: {url: 'http://h', api: generate}\n"
+    )
+    done = run_orch("run", plan)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert "p.yaml:5: task 'a': param 'flavour': 'llamacp' is none of" in done.stderr
+    assert "(did you mean 'llamacpp'?)" in done.stderr
+    assert "p.yaml:8: task 'b': param 'api': 'generate' is none of auto, openai" in done.stderr
+
+
 def test_why_a_benchmark_has_no_acceptance_is_said() -> None:
     def why(engine: str | None, api: str, algorithm: str | None) -> str | None:
         target = Target("http://h", "m", api, engine, {})  # type: ignore[arg-type]

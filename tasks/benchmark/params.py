@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator import Duration
 from tasks.serving.engines import Engine, apis, engine
@@ -138,10 +138,15 @@ class BenchParams(BaseModel):
         "stream and per request of a window)",
     )
 
+    @field_validator("api")
+    @classmethod
+    def _spoken(cls, api: str) -> str:
+        if api != "auto" and api not in apis():
+            raise ValueError(f"{api!r} is none of auto, {', '.join(apis())}")
+        return api
+
     @model_validator(mode="after")
     def _target(self) -> BenchParams:
-        if self.api != "auto" and self.api not in apis():
-            raise ValueError(f"api {self.api!r} is none of auto, {', '.join(apis())}")
         if (self.server is None) == (self.url is None):
             raise ValueError("give exactly one of `server` (a server.launch task's id) or `url`")
         if self.max_windows < self.min_windows:

@@ -28,11 +28,12 @@ process group inherits orch's environment plus `env`.
 
 from __future__ import annotations
 
+import difflib
 import time
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from orchestrator import Argv, Context, Duration, OptionValue, Task, TaskError
 from orchestrator.proc.procfs import last_line, tail
@@ -84,11 +85,18 @@ class LaunchParams(BaseModel):
     progress_every: Duration = 10.0
     check_completion: bool = Field(True, description="one tiny real completion before ready")
 
+    @field_validator("flavour")
+    @classmethod
+    def _known(cls, flavour: str) -> str:
+        if flavour != COMMAND and flavour not in ENGINES:
+            known = [*ENGINES, COMMAND]
+            near = difflib.get_close_matches(flavour, known, n=1)
+            hint = f" (did you mean {near[0]!r}?)" if near else ""
+            raise ValueError(f"{flavour!r} is none of {', '.join(known)}{hint}")
+        return flavour
+
     @model_validator(mode="after")
     def _shape(self) -> LaunchParams:
-        if self.flavour != COMMAND and self.flavour not in ENGINES:
-            known = ", ".join([*ENGINES, COMMAND])
-            raise ValueError(f"flavour {self.flavour!r} is none of {known}")
         if self.flavour == COMMAND:
             if not self.command:
                 raise ValueError("flavour command needs `command`: the server's argv")
