@@ -91,6 +91,9 @@ def test_the_rehearsals_shape_runs_on_llama_cpp_with_its_own_acceptance(
         assert isinstance(server, dict) and server["engine"] == "llamacpp"
         assert str(server["version"]).startswith("b")  # /props' build_info
     assert "spec" not in base  # not speculating: nothing to measure, nothing said missing
+    for level in base["levels"]:  # type: ignore[union-attr]
+        # Prompts cut to 16 tokens by llama-server's own /tokenize, through its adapter.
+        assert level["input_tokens"] == 16 * level["completed"], level
     taus = {}
     for name, doc in (("noisy", noisy), ("custom", custom)):
         spec = doc["spec"]

@@ -113,7 +113,7 @@ class BenchParams(BaseModel):
         None,
         ge=1,
         description="generated prompts of exactly this many tokens, cut with the "
-        "server's own tokenizer (POST /tokenize: vLLM)",
+        "server's own tokenizer (its engine's /tokenize: vLLM, llama.cpp)",
     )
     output_tokens: int = Field(128, ge=1)
     temperature: float = 0.0

@@ -43,21 +43,22 @@ def load_prompts(p: BenchParams) -> list[Prompt]:
 
 
 def exact_lengths(target: Target, prompts: list[Prompt], tokens: int) -> list[Prompt]:
-    """Each prompt cut to exactly `tokens` tokens by the server's tokenizer (vLLM /tokenize),
-    then sent as token ids: input length fixed in the unit the server counts."""
+    """Each prompt cut to exactly `tokens` tokens by the server's own tokenizer (its adapter's
+    `tokenize`), then sent as token ids: input length fixed in the unit the server counts."""
+    adapter = target.adapter
     out = []
     for prompt in prompts:
         try:
-            got = http.request_json(
-                target.url + "/tokenize",
-                {"model": target.model, "prompt": prompt.text, "add_special_tokens": False},
-            )
+            ids = adapter.tokenize(target.url, target.model, prompt.text)
         except http.Unreachable as exc:
             raise TaskError(
-                f"input_tokens needs the server's /tokenize (vLLM has it): {exc}; "
-                "use input_words or a dataset"
+                f"input_tokens needs the server's tokenizer: {exc}; use input_words or a dataset"
             ) from None
-        ids = list(got.get("tokens") or [])
+        if ids is None:
+            raise TaskError(
+                f"input_tokens needs a tokenizer endpoint, and {adapter.title} has none orch "
+                "knows (tasks/serving/engines): use input_words or a dataset"
+            )
         if len(ids) < tokens:
             raise TaskError(
                 f"a generated prompt is only {len(ids)} tokens; raise input_words above {tokens}"

@@ -172,6 +172,11 @@ class Engine:
             "stream_options": {"include_usage": True},
         }
 
+    def tokenize(self, url: str, model: str, text: str) -> list[int] | None:
+        """`text` as the server's tokenizer cuts it, special tokens left out; None where the
+        engine has no tokenizer endpoint orch knows. Raises http.Unreachable when asking fails."""
+        return None
+
     def read_chunk(self, api: str, data: Mapping[str, Any], out: Stream) -> bool:
         """Fold one streamed JSON chunk into `out`; True if it carried tokens. OpenAI:
         choices[0].text is the delta; the last chunk has `usage`."""

@@ -87,6 +87,11 @@ class LlamaCpp(Engine):
             found["speculative_algorithm"] = types
         return {k: v for k, v in found.items() if v is not None}
 
+    def tokenize(self, url: str, model: str, text: str) -> list[int] | None:
+        """POST /tokenize (server.cpp): {"content", "add_special"} -> {"tokens": [...]}."""
+        body = {"content": text, "add_special": False}
+        return [int(t) for t in http.request_json(url + "/tokenize", body).get("tokens") or []]
+
     def counters(self, url: str) -> Counts:
         try:
             text = http.request(url + "/metrics").decode()

@@ -6,7 +6,8 @@
   requests.
 - What it is: `/version` (vllm/entrypoints/openai/api_server.py) answers `{"version"}`; it
   reports no resolved settings, so the cap orch knows is the one the launch set.
-- Streams: the OpenAI API only (/v1/completions, `stream_options.include_usage` for counts).
+- Streams: the OpenAI API only (/v1/completions, `stream_options.include_usage` for counts);
+  `POST /tokenize` cuts a prompt with the server's own tokenizer.
 - Acceptance: counters on `/metrics`, not per request (vllm/v1/spec_decode/metrics.py):
   `vllm:spec_decode_num_drafts_total` (verify steps), `..._num_draft_tokens_total` (proposed),
   `..._num_accepted_tokens_total` (accepted), `..._num_accepted_tokens_per_pos_total{position}`.
@@ -58,6 +59,11 @@ class Vllm(Engine):
 
     def configured(self, p: Launch) -> dict[str, Any]:
         return {"max_running_requests": p.max_running_requests}
+
+    def tokenize(self, url: str, model: str, text: str) -> list[int] | None:
+        """POST /tokenize (vllm/entrypoints/openai/api_server.py): {"tokens": [...]}."""
+        body = {"model": model, "prompt": text, "add_special_tokens": False}
+        return [int(t) for t in http.request_json(url + "/tokenize", body).get("tokens") or []]
 
     def counters(self, url: str) -> Counts:
         try:
