@@ -225,3 +225,58 @@ def summed(parts: Sequence[Counts]) -> Counts:
         for key, value in part.items():
             out[key] = out.get(key, 0.0) + value
     return out
+
+
+class SpecDecodeCounters(Engine):
+    """An engine that counts speculative decoding on /metrics as vLLM names it (vLLM's
+    vllm/v1/spec_decode/metrics.py; llama.cpp copied the names): `<prefix>num_drafts_total`
+    (verify steps), `num_draft_tokens_total` (proposed), `num_accepted_tokens_total`
+    (accepted) and `num_accepted_tokens_per_pos_total{position}`. Read around each window:
+    tau = 1 + accepted / steps, k = proposed / steps; its own rate is the strict one."""
+
+    metrics_prefix = ""
+    rate_definition = "strict"
+    NAMES = {
+        "drafts": "num_drafts",
+        "proposed": "num_draft_tokens",
+        "accepted": "num_accepted_tokens",
+    }
+
+    def counters(self, url: str) -> Counts:
+        from probes import http
+
+        try:
+            text = http.request(url + "/metrics").decode()
+        except http.Unreachable:
+            return {}  # no /metrics: no acceptance figures, not a failed benchmark
+        prefix = self.metrics_prefix
+        samples = http.metric_samples(text, prefix)
+        out = {ours: http.total(samples, f"{prefix}{n}_total") for ours, n in self.NAMES.items()}
+        per_pos = f"{prefix}num_accepted_tokens_per_pos_total"
+        positions = {
+            key.partition("position=")[2].split(",")[0].rstrip("}")  # metric_samples' keys
+            for key in samples
+            if key.startswith(per_pos)
+        }
+        for pos in sorted(positions, key=int):
+            out[f"pos{pos}"] = http.total(samples, per_pos, position=pos)
+        return out if any(samples) else {}
+
+    def window_counts(
+        self, before: Counts, after: Counts, streams: Sequence[Stream]
+    ) -> Counts | None:
+        if not before:
+            return None
+        delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
+        return delta if delta.get("drafts", 0.0) > 0 else None
+
+    def measure(self, counts: Counts, k: int | None) -> Measured | None:
+        steps = counts.get("drafts", 0.0)
+        if steps <= 0:
+            return None
+        positions = sorted(
+            (key for key in counts if key.startswith("pos")), key=lambda x: int(x[3:])
+        )
+        figures = {"per_position": [round(counts[key] / steps, 4) for key in positions]}
+        tau = 1 + counts.get("accepted", 0.0) / steps
+        return Measured(tau, counts.get("proposed", 0.0) / steps, figures if positions else {})

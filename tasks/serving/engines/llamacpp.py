@@ -21,25 +21,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from orchestrator import TaskError
 from probes import http
-from tasks.serving.engines.base import Counts, Engine, Launch, Measured, Stream
-
-METRICS = "llamacpp:spec_decode_"
-COUNTERS = {
-    "drafts": "num_drafts",
-    "proposed": "num_draft_tokens",
-    "accepted": "num_accepted_tokens",
-}
+from tasks.serving.engines.base import Launch, SpecDecodeCounters
 
 
-class LlamaCpp(Engine):
+class LlamaCpp(SpecDecodeCounters):
     name = "llamacpp"
     title = "llama.cpp"
     launcher = ("llama-server",)
+    metrics_prefix = "llamacpp:spec_decode_"  # its counters are named after vLLM's
     acceptance_source = (
         "llama.cpp /metrics llamacpp:spec_decode_* counters, the level's windows' deltas"
     )
@@ -91,42 +85,6 @@ class LlamaCpp(Engine):
         """POST /tokenize (server.cpp): {"content", "add_special"} -> {"tokens": [...]}."""
         body = {"content": text, "add_special": False}
         return [int(t) for t in http.request_json(url + "/tokenize", body).get("tokens") or []]
-
-    def counters(self, url: str) -> Counts:
-        try:
-            text = http.request(url + "/metrics").decode()
-        except http.Unreachable:
-            return {}  # started without --metrics: no acceptance, not a failed benchmark
-        samples = http.metric_samples(text, METRICS)
-        out = {ours: http.total(samples, f"{METRICS}{n}_total") for ours, n in COUNTERS.items()}
-        per_pos = f"{METRICS}num_accepted_tokens_per_pos_total"
-        positions = {
-            key.partition("position=")[2].split(",")[0].rstrip("}")  # metric_samples' keys
-            for key in samples
-            if key.startswith(per_pos)
-        }
-        for pos in sorted(positions, key=int):
-            out[f"pos{pos}"] = http.total(samples, per_pos, position=pos)
-        return out if any(samples) else {}
-
-    def window_counts(
-        self, before: Counts, after: Counts, streams: Sequence[Stream]
-    ) -> Counts | None:
-        if not before:
-            return None
-        delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-        return delta if delta.get("drafts", 0.0) > 0 else None
-
-    def measure(self, counts: Counts, k: int | None) -> Measured | None:
-        steps = counts.get("drafts", 0.0)
-        if steps <= 0:
-            return None
-        positions = sorted(
-            (key for key in counts if key.startswith("pos")), key=lambda x: int(x[3:])
-        )
-        figures = {"per_position": [round(counts[key] / steps, 4) for key in positions]}
-        tau = 1 + counts.get("accepted", 0.0) / steps
-        return Measured(tau, counts.get("proposed", 0.0) / steps, figures if positions else {})
 
     def k_of(self, settings: Mapping[str, Any]) -> int | None:
         return None  # /props does not say n_max: k is measured, drafted / steps

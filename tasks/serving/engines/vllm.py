@@ -18,19 +18,18 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 from probes import http
-from tasks.serving.engines.base import Counts, Engine, Launch, Measured, Stream
-
-SPEC_METRICS = "vllm:spec_decode_"
+from tasks.serving.engines.base import Launch, SpecDecodeCounters
 
 
-class Vllm(Engine):
+class Vllm(SpecDecodeCounters):
     name = "vllm"
     title = "vLLM"
     launcher = ("vllm", "serve")
+    metrics_prefix = "vllm:spec_decode_"
     acceptance_source = "vLLM /metrics vllm:spec_decode_* counters, the level's windows' deltas"
     rate_definition = "strict"  # accepted / proposed, always
 
@@ -64,47 +63,6 @@ class Vllm(Engine):
         """POST /tokenize (vllm/entrypoints/openai/api_server.py): {"tokens": [...]}."""
         body = {"model": model, "prompt": text, "add_special_tokens": False}
         return [int(t) for t in http.request_json(url + "/tokenize", body).get("tokens") or []]
-
-    def counters(self, url: str) -> Counts:
-        try:
-            text = http.request(url + "/metrics").decode()
-        except http.Unreachable:
-            return {}  # no /metrics: no acceptance figures, not a failed benchmark
-        samples = http.metric_samples(text, SPEC_METRICS)
-        names = {"drafts": "num_drafts", "proposed": "num_draft_tokens",
-                 "accepted": "num_accepted_tokens"}  # fmt: skip
-        out = {ours: http.total(samples, f"{SPEC_METRICS}{n}_total") for ours, n in names.items()}
-        positions = {
-            key.partition("position=")[2].split(",")[0].rstrip("}")
-            for key in samples
-            if key.startswith(f"{SPEC_METRICS}num_accepted_tokens_per_pos")
-        }
-        for pos in sorted(positions, key=int):
-            out[f"pos{pos}"] = http.total(
-                samples, f"{SPEC_METRICS}num_accepted_tokens_per_pos_total", position=pos
-            )
-        return out if any(samples) else {}
-
-    def window_counts(
-        self, before: Counts, after: Counts, streams: Sequence[Stream]
-    ) -> Counts | None:
-        if not before:
-            return None
-        delta = {key: after.get(key, 0.0) - before.get(key, 0.0) for key in after}
-        return delta if delta.get("drafts", 0.0) > 0 else None
-
-    def measure(self, counts: Counts, k: int | None) -> Measured | None:
-        drafts = counts.get("drafts", 0.0)
-        if drafts <= 0:
-            return None
-        figures: dict[str, Any] = {}
-        positions = sorted(
-            (key for key in counts if key.startswith("pos")), key=lambda x: int(x[3:])
-        )
-        if positions:
-            figures["per_position"] = [round(counts[key] / drafts, 4) for key in positions]
-        tau = 1 + counts.get("accepted", 0.0) / drafts
-        return Measured(tau, counts.get("proposed", 0.0) / drafts, figures)
 
     def k_of(self, settings: Mapping[str, Any]) -> int | None:
         return None  # /version says no more; k is the plan's num_speculative_tokens
