@@ -235,7 +235,7 @@ class SpecDecodeCounters(Engine):
     tau = 1 + accepted / steps, k = proposed / steps; its own rate is the strict one."""
 
     metrics_prefix = ""
-    rate_definition = "strict"
+    rate_definition = "strict"  # accepted / proposed, always (vLLM; llama.cpp: accepted / drafted)
     NAMES = {
         "drafts": "num_drafts",
         "proposed": "num_draft_tokens",

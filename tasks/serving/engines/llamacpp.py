@@ -37,7 +37,6 @@ class LlamaCpp(SpecDecodeCounters):
     acceptance_source = (
         "llama.cpp /metrics llamacpp:spec_decode_* counters, the level's windows' deltas"
     )
-    rate_definition = "strict"  # accepted / drafted
     # It answers `Keep-Alive: timeout=5, max=100` but closes the connection after a streamed
     # answer: the next request on it fails to be written (aiohttp: "Can not write request
     # body"), measured here against llama-server b1-0c1e570.

@@ -31,7 +31,6 @@ class Vllm(SpecDecodeCounters):
     launcher = ("vllm", "serve")
     metrics_prefix = "vllm:spec_decode_"
     acceptance_source = "vLLM /metrics vllm:spec_decode_* counters, the level's windows' deltas"
-    rate_definition = "strict"  # accepted / proposed, always
 
     def command(self, p: Launch) -> list[str]:
         assert p.model is not None
