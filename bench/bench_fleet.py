@@ -17,7 +17,7 @@ What is compared, each round (a new roll, new hosts' homes, so every host really
   orchestrator.fleet.host`), which runs the plan in the host's own store and answers in JSON;
   the controller records every host in its SQLite record as its answer comes.
 - Ansible alone: `ansible-playbook` of one play with `serial: 10` and `forks 10`, one
-  `command` task per host running the same commands (`bash -eo pipefail -c 'echo ::finding
+  `command` task per host running the same commands (`bash --norc -eo pipefail -c 'echo ::finding
   n=1; true'`, as orch's shell kind runs them), with the environment orch gives Ansible
   (orchestrator.fleet.ansible.ansible_env()) and the same inventory.
 - Both arms: the same forks (the batch size), pipelining, SSH options (ControlPersist) and
@@ -67,6 +67,7 @@ from typing import Any
 from orchestrator.fleet.ansible import ansible_env, ansible_tool
 from orchestrator.fleet.build import build_id
 from orchestrator.fleet.folder import collect, entries
+from orchestrator.kinds.builtins import BASH
 
 BENCH_DIR = Path(__file__).resolve().parent
 CHECKOUT = BENCH_DIR.parent
@@ -76,7 +77,7 @@ ORCH = str(Path(PYTHON).with_name("orch"))
 VENV = sys.prefix  # every host runs this orch (bare hosts share the file system)
 GOAL = 1.10  # orch adds at most 10%
 PLAN_NAME = "fleetbench"
-SHELL = ("bash", "-eo", "pipefail", "-c")  # how orch's shell kind runs a command string
+SHELL = BASH  # how orch's shell kind runs a command string: both arms run exactly that
 COMMANDS = ("echo ::finding n=1", "true")  # the plan's two tasks, in order
 PLAN = f"""\
 name: {PLAN_NAME}

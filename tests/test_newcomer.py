@@ -4,9 +4,11 @@ inputs"): each through the real `orch`, as that user typed it."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from pathlib import Path
 
-from conftest import PlanDir, run_orch
+from conftest import ORCH, PlanDir, run_orch
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,6 +33,33 @@ def test_a_shell_script_whose_middle_command_fails_fails(pdir: PlanDir) -> None:
     assert pdir.statuses() == {"a": "failed"}
     with pdir.db() as db:
         assert db.execute("SELECT count(*) FROM findings").fetchone()[0] == 0
+
+
+def test_a_command_reads_no_bashrc_when_orch_runs_over_ssh(pdir: PlanDir) -> None:
+    """bash started with SSH_CLIENT set and SHLVL unset (orch on a fleet host) reads ~/.bashrc
+    unless told not to: a task's PATH and time would depend on how orch was started. Neither
+    a `shell` task nor a `command` precondition runs it."""
+    home = pdir.root / "home"
+    home.mkdir()
+    (home / ".bashrc").write_text("export FROM_BASHRC=sourced\n")
+    plan = pdir.write(
+        """
+        name: t
+        tasks:
+          - id: a
+            kind: shell
+            preconditions:
+              - {kind: command, command: 'test -z "$FROM_BASHRC"'}
+            params:
+              command: 'echo "::finding rc=x$FROM_BASHRC"'
+        """
+    )
+    env = {k: v for k, v in os.environ.items() if k not in ("SHLVL", "BASH_ENV")}
+    env |= {"HOME": str(home), "SSH_CLIENT": "10.0.0.1 50000 22", "NO_COLOR": "1"}
+    r = subprocess.run([ORCH, "run", str(plan)], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
+    with pdir.db() as db:
+        assert db.execute("SELECT value FROM findings WHERE key = 'rc'").fetchone()[0] == "x"
 
 
 def test_a_var_takes_the_type_of_its_plan_value(pdir: PlanDir) -> None:

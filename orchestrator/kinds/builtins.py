@@ -25,16 +25,20 @@ from orchestrator.proc.interrupts import raise_in_thread
 from orchestrator.proc.procfs import terminate_group
 from orchestrator.proc.spawn import LOG_LIMIT
 
+# How a command string runs, as GitHub Actions runs a bash step: a failing command in it
 # fails the task (`dd: invalid number` must not complete with the last run's file), and so
 # does one in a pipe. `-e` has bash's exceptions: a command in `if`, `&&`, `||` or `!`.
-BASH = ("bash", "-eo", "pipefail", "-c")
+# `--norc`: bash started with SSH_CLIENT set and SHLVL unset (orch run over ssh, a fleet host)
+# reads ~/.bashrc even when not interactive; a task's PATH (pyenv's shims, a conda env) and its
+# time would then depend on how orch was started. Its BASH_ENV, an explicit choice, still counts.
+BASH = ("bash", "--norc", "-eo", "pipefail", "-c")
 
 
 class ShellParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: Command = Field(
-        description="a string run by `bash -eo pipefail -c` (a failing command fails the task), "
+        description="a string run by `bash --norc -eo pipefail -c` (a failing command fails the task; no ~/.bashrc), "
         "or an argv list run directly; no finding in it: put one in `env`"
     )
     env: dict[str, str] = Field(
