@@ -38,8 +38,8 @@ class ShellParams(BaseModel):
     model_config = ConfigDict(extra="forbid", defer_build=True)
 
     command: Command = Field(
-        description="a string run by `bash --norc -eo pipefail -c` (a failing command fails the task; no ~/.bashrc), "
-        "or an argv list run directly; no finding in it: put one in `env`"
+        description="a string run by `bash --norc -eo pipefail -c` (a failing command fails the "
+        "task; no ~/.bashrc), or an argv list run directly; no finding in it: put one in `env`"
     )
     env: dict[str, str] = Field(
         default_factory=dict,
