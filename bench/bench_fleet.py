@@ -20,8 +20,12 @@ What is compared, each round (a new roll, new hosts' homes, so every host really
   `command` task per host running the same commands (`bash --norc -eo pipefail -c 'echo ::finding
   n=1; true'`, as orch's shell kind runs them), with the environment orch gives Ansible
   (orchestrator.fleet.ansible.ansible_env()) and the same inventory.
-- Both arms: the same forks (the batch size), pipelining, SSH options (ControlPersist) and
-  no fact gathering, set in SHARED below and printed in the head.
+- Both arms: the same forks (the batch size), pipelining, SSH options (ControlPersist), no
+  fact gathering, set in SHARED below and printed in the head, and the same Python on the
+  hosts (HOST_PYTHON): Ansible's modules run under it, and orch from a venv it made, installed
+  once before the rounds by orch's own `orch fleet run --install` (its wheels built here), as
+  on a real fleet. The controller's editable checkout under pyenv's Python (no PGO) costs
+  ~20% more CPU a start: on the hosts it would charge orch's arm alone.
 - A third column, unless --no-mitogen: both arms again with Mitogen's strategy
   (`mitogen_linear`: one persistent interpreter a host), installed into bench/.mitogen with
   pip on first use (never into orch's venv); said and left out when it cannot be had.
@@ -74,7 +78,11 @@ CHECKOUT = BENCH_DIR.parent
 SCRATCH_PARENT = CHECKOUT / ".sandbox"  # git-ignored; nothing goes to /tmp
 PYTHON = sys.executable
 ORCH = str(Path(PYTHON).with_name("orch"))
-VENV = sys.prefix  # every host runs this orch (bare hosts share the file system)
+# The hosts' Python, for both arms: Ansible's modules run under it (ansible_python_interpreter,
+# set, not discovered), and orch runs from a venv it made, as `orch fleet run --install` makes
+# one on a real host (orch_python). Not the controller's venv: an editable checkout under
+# another build of Python (here pyenv's, without PGO) would charge orch's arm alone for both.
+HOST_PYTHON = "/usr/bin/python3"
 GOAL = 1.10  # orch adds at most 10%
 PLAN_NAME = "fleetbench"
 SHELL = BASH  # how orch's shell kind runs a command string: both arms run exactly that
@@ -116,6 +124,50 @@ def mitogen_env(say: Callable[[str], None]) -> dict[str, str] | None:
             say(f"no Mitogen column: pip said {got.stderr.strip()[-300:]}")
             return None
     return {"ANSIBLE_STRATEGY_PLUGINS": str(strategy), "ANSIBLE_STRATEGY": "mitogen_linear"}
+
+
+# The design's fixed parts on a host, and nothing of orch's: pydantic validating a plan read by
+# libyaml, structlog imported, a SQLite store in WAL committing (and syncing) each status change,
+# the two commands run. What any host step built on orch's fixed libraries pays at least.
+FIXED_PARTS = f"""
+import os, sqlite3, subprocess, sys
+import structlog, yaml
+from pydantic import BaseModel
+class Task(BaseModel):
+    id: str
+    kind: str
+    needs: list[str] = []
+    params: dict[str, str] = {{}}
+class Plan(BaseModel):
+    name: str
+    tasks: list[Task]
+plan = Plan.model_validate(yaml.load({PLAN!r}, Loader=yaml.CSafeLoader))
+structlog.get_logger()
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("PRAGMA journal_mode=WAL"); db.execute("PRAGMA synchronous=FULL")
+db.execute("CREATE TABLE todos (id TEXT PRIMARY KEY, status TEXT)")
+for t in plan.tasks:
+    db.execute("INSERT INTO todos VALUES (?, 'in_progress')", (t.id,))
+    subprocess.run([*{BASH!r}, t.params["command"]], stdin=subprocess.DEVNULL,
+                   capture_output=True, start_new_session=True, check=True)
+    db.execute("UPDATE todos SET status = 'completed' WHERE id = ?", (t.id,))
+"""
+
+
+def ansible_module(scratch: Path, env: dict[str, str]) -> Path:
+    """The `command` module exactly as Ansible sends it for the Ansible arm's task (its
+    AnsiballZ wrapper, the arguments inside), kept by ANSIBLE_KEEP_REMOTE_FILES from one local
+    run: to time on its own, under HOST_PYTHON."""
+    tmp = scratch / "module"
+    argv = [ansible_tool("ansible"), "localhost", "-c", "local", "-m", "ansible.builtin.command"]
+    argv += ["-a", json.dumps({"argv": [*SHELL, "; ".join(COMMANDS)]})]
+    argv += ["-e", f"ansible_python_interpreter={HOST_PYTHON}"]
+    keep = {"ANSIBLE_KEEP_REMOTE_FILES": "1", "ANSIBLE_REMOTE_TMP": str(tmp)}
+    check(argv, "ansible localhost -m command", cwd=scratch, env={**env, **keep})
+    found = sorted(tmp.rglob("AnsiballZ_command.py"))
+    if len(found) != 1:
+        raise BenchError(f"{tmp}: {len(found)} AnsiballZ_command.py kept, not 1")
+    return found[0]
 
 
 RECAP = re.compile(r"^(\S+)\s*:\s*ok=(\d+)\s+changed=(\d+)\s+unreachable=(\d+)\s+failed=(\d+)")
@@ -217,12 +269,39 @@ class Bench:
         self.playbook = scratch / "ansible" / "play.yml"
         self.orch_rounds = 0
 
+    @property
+    def host_venv(self) -> Path:
+        """orch on the hosts: one venv (the bare hosts share this file system), made by
+        install_on_hosts() with orch's own `--install`."""
+        return self.scratch / "host-venv"
+
     def write_inventory(self, path: Path, homes: Path) -> Path:
-        """The fleet's inventory: each host's own orch_home under `homes`, this venv's orch."""
+        """The fleet's inventory: each host's own orch_home under `homes`; orch in host_venv;
+        HOST_PYTHON for Ansible's modules and orch's venv alike."""
         path.parent.mkdir(parents=True, exist_ok=True)
         host_vars = {name: {"orch_home": str(homes / name)} for name in self.names}
-        group = {"orch_venv": VENV, "ansible_ssh_args": SSH_ARGS.format(scratch=self.scratch)}
+        group = {
+            "orch_venv": str(self.host_venv),
+            "orch_python": HOST_PYTHON,
+            "ansible_python_interpreter": HOST_PYTHON,
+            "ansible_ssh_args": SSH_ARGS.format(scratch=self.scratch),
+        }
         return Path(self.fleet.inventory(path, host_vars, group))
+
+    def install_on_hosts(self) -> float:
+        """`orch fleet run --install` over the first host: the controller builds its wheels,
+        and that host makes host_venv with HOST_PYTHON and installs them (the others share
+        it). Untimed in the rounds; its wall time is returned."""
+        here = self.scratch / "install"
+        plan = here / "plan" / f"{PLAN_NAME}.yaml"
+        plan.parent.mkdir(parents=True)
+        plan.write_text(PLAN)
+        inventory = self.write_inventory(here / "hosts.yml", here / "homes")
+        argv = [ORCH, "fleet", "run", str(plan), "-i", str(inventory), "--install"]
+        argv += ["--canary", "0", "-l", self.names[0]]
+        t0 = time.perf_counter()
+        check(argv, "orch fleet run --install", cwd=self.scratch, env=self.env)
+        return time.perf_counter() - t0
 
     def write_ansible(self) -> None:
         self.write_inventory(self.inventory, self.scratch / "ansible" / "homes")
@@ -410,12 +489,14 @@ class Bench:
         batch = ",".join(self.names[: self.serial])
         homes = self.scratch / "local-homes"
         count = iter(range(10**6))
+        host_python = str(self.host_venv / "bin" / "python")  # as the hosts run it
 
         def host_command() -> list[str]:
-            return [PYTHON, "-P", "-m", "orchestrator.fleet.host"]
+            return [host_python, "-P", "-m", "orchestrator.fleet.host"]
 
         plan_file = self.scratch / "local-plan" / f"{PLAN_NAME}.yaml"
         plan_file.parent.mkdir()
+        homes.mkdir()
         plan_file.write_text(PLAN)
         files = entries(collect(plan_file, None), {})  # sent whole, as a host's first roll has
 
@@ -435,10 +516,17 @@ class Bench:
         playbook_cmd = [ansible_tool("ansible-playbook"), "-i", inv, "-f", str(self.serial)]
         playbook_cmd += ["-l", batch, empty]
         runner_cmd = [PYTHON, "-c", run_empty, str(runner), empty, inv, batch, str(self.serial)]
+        module = str(ansible_module(self.scratch, self.ansible_env))
+
+        def fixed_parts() -> list[str]:
+            return [host_python, "-P", "-c", FIXED_PARTS, str(homes / f"fixed{next(count)}.db")]
+
         cases: list[tuple[str, Callable[[], list[str]], Callable[[], str], dict[str, str]]] = [
-            ("python -P -c pass", lambda: [PYTHON, "-P", "-c", "pass"], str, self.env),
+            ("python -P -c pass", lambda: [host_python, "-P", "-c", "pass"], str, self.env),
             ("bash command alone", lambda: [*SHELL, "; ".join(COMMANDS)], str, self.env),
             ("host command alone", host_command, host_stdin, self.env),
+            ("ansible's command module alone", lambda: [HOST_PYTHON, module], str, self.env),
+            ("the fixed parts alone", fixed_parts, str, self.env),
             ("ansible-inventory --list", lambda: inventory_cmd, str, self.ansible_env),
             ("ansible-playbook, no task", lambda: playbook_cmd, str, self.ansible_env),
             ("ansible-runner, no task", lambda: runner_cmd, str, self.env),
@@ -490,7 +578,8 @@ def figures(
     n, k, cores = bench.n, bench.batches, os.cpu_count() or 1
     host, bash = parts["host command alone"], parts["bash command alone"]
     runner, playbook = parts["ansible-runner, no task"], parts["ansible-playbook, no task"]
-    extra_cpu = host["cpu_s"] - bash["cpu_s"]
+    module, fixed = parts["ansible's command module alone"], parts["the fixed parts alone"]
+    extra_cpu = host["cpu_s"] - module["cpu_s"]
     rows = [
         Row("whole roll", "orch fleet run, median", o_wall, "s"),
         Row("whole roll", "ansible-playbook, median", a_wall, "s"),
@@ -569,10 +658,31 @@ def figures(
         ),
         Row(
             "per host",
-            f"  its extra CPU x {bench.serial} hosts / {cores} cores",
+            "ansible's command module alone (its AnsiballZ), here",
+            module["wall_s"],
+            "s",
+            f"cpu {module['cpu_s']:.3f} s: what Ansible alone runs on a host",
+        ),
+        Row(
+            "per host",
+            "the design's fixed parts alone (pydantic, yaml, structlog, sqlite)",
+            fixed["wall_s"],
+            "s",
+            f"cpu {fixed['cpu_s']:.3f} s: no orch, the same plan and store",
+        ),
+        Row(
+            "per host",
+            f"  host command over the module, x {bench.serial} hosts / {cores} cores",
             extra_cpu * bench.serial / cores,
             "s",
-            "a floor on what it adds to a batch here",
+            "what it adds to a batch here",
+        ),
+        Row(
+            "per host",
+            f"  fixed parts over the module, x {bench.serial} hosts / {cores} cores",
+            (fixed["cpu_s"] - module["cpu_s"]) * bench.serial / cores,
+            "s",
+            "a floor for any host step on these libraries",
         ),
         Row(
             "cpu",
@@ -673,7 +783,7 @@ def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -
         f" {sys.version.split()[0]}, {os.cpu_count()} CPUs, load before"
         f" {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}; build {build_id()}\n"
         f"both arms: forks {args.serial}, pipelining on, ssh {SSH_ARGS.format(scratch='…')},"
-        " no facts gathered"
+        f" no facts gathered, {HOST_PYTHON} on the hosts"
     )
     say(head)
     t0 = time.perf_counter()
@@ -683,6 +793,8 @@ def bench(args: argparse.Namespace, scratch: Path, say: Callable[[str], None]) -
         b = Bench(scratch, args.hosts, args.serial, env)
         b.fleet, b.names = f, [h.name for h in f.hosts]
         b.write_ansible()
+        took = b.install_on_hosts()
+        say(f"orch installed on the hosts (--install, {HOST_PYTHON}) in {took:.1f}s")
         mitogen = None if args.no_mitogen else mitogen_env(say)
         warm = b.run_ansible()  # untimed: SSH, the page cache, the hosts' Python
         say(f"warm-up ansible run: {warm.wall_s:.2f}s")
