@@ -51,8 +51,11 @@ Timestamp = Annotated[float, Field(ge=0, le=4e10)]
 class _Strict(BaseModel):
     # forbid: the host is the controller's build (host.py checks it), so an unknown key is a
     # sign of a broken answer; no NaN or infinity: JSON has none, and the record would not
-    # read back what it wrote.
-    model_config = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False, frozen=True)
+    # read back what it wrote. Built when first used: the host imports this module for the
+    # field names alone (host.py), and builds none of these.
+    model_config = ConfigDict(
+        strict=True, extra="forbid", allow_inf_nan=False, frozen=True, defer_build=True
+    )
 
 
 class Finding(_Strict):
@@ -149,7 +152,7 @@ def progress_line(board: Sequence[BoardTask]) -> str:
 class _Words(BaseModel):
     # May come from another build (the build check and the payload's reading come first):
     # only the words are read, anything beside them ignored.
-    model_config = ConfigDict(strict=True, extra="ignore", frozen=True)
+    model_config = ConfigDict(strict=True, extra="ignore", frozen=True, defer_build=True)
 
 
 class Refused(_Words):
