@@ -273,7 +273,7 @@ class CommandSucceeds(Precondition[CommandParams]):
 
 
 class ApproveParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)  # as the kinds' above
 
     message: str = Field(description="what the person is asked to approve")
     show: dict[str, Any] = Field(
