@@ -85,8 +85,9 @@ ORCH = str(Path(PYTHON).with_name("orch"))
 HOST_PYTHON = "/usr/bin/python3"
 GOAL = 1.10  # orch adds at most 10%
 PLAN_NAME = "fleetbench"
-SHELL = BASH  # how orch's shell kind runs a command string: both arms run exactly that
 COMMANDS = ("echo ::finding n=1", "true")  # the plan's two tasks, in order
+# Both as one command, as orch's shell kind runs a command string: what Ansible alone runs.
+COMMAND_ARGV = [*BASH, "; ".join(COMMANDS)]
 PLAN = f"""\
 name: {PLAN_NAME}
 tasks:
@@ -130,7 +131,7 @@ def mitogen_env(say: Callable[[str], None]) -> dict[str, str] | None:
 # libyaml, structlog imported, a SQLite store in WAL committing (and syncing) each status change,
 # the two commands run. What any host step built on orch's fixed libraries pays at least.
 FIXED_PARTS = f"""
-import os, sqlite3, subprocess, sys
+import sqlite3, subprocess, sys
 import structlog, yaml
 from pydantic import BaseModel
 class Task(BaseModel):
@@ -160,7 +161,7 @@ def ansible_module(scratch: Path, env: dict[str, str]) -> Path:
     run: to time on its own, under HOST_PYTHON."""
     tmp = scratch / "module"
     argv = [ansible_tool("ansible"), "localhost", "-c", "local", "-m", "ansible.builtin.command"]
-    argv += ["-a", json.dumps({"argv": [*SHELL, "; ".join(COMMANDS)]})]
+    argv += ["-a", json.dumps({"argv": COMMAND_ARGV})]
     argv += ["-e", f"ansible_python_interpreter={HOST_PYTHON}"]
     keep = {"ANSIBLE_KEEP_REMOTE_FILES": "1", "ANSIBLE_REMOTE_TMP": str(tmp)}
     check(argv, "ansible localhost -m command", cwd=scratch, env={**env, **keep})
@@ -288,17 +289,23 @@ class Bench:
         }
         return Path(self.fleet.inventory(path, host_vars, group))
 
+    def new_roll(self, here: Path) -> tuple[Path, Path, list[str]]:
+        """A new plan folder under `here` (so a new record) and new hosts' homes (so every
+        host runs the plan, none finds it done): the plan, the homes, and `orch fleet run`'s
+        argv over them with no canary."""
+        plan = here / "plan" / f"{PLAN_NAME}.yaml"
+        plan.parent.mkdir(parents=True)
+        plan.write_text(PLAN)
+        homes = here / "homes"
+        inventory = self.write_inventory(here / "hosts.yml", homes)
+        return plan, homes, [ORCH, "fleet", "run", str(plan), "-i", str(inventory), "--canary", "0"]
+
     def install_on_hosts(self) -> float:
         """`orch fleet run --install` over the first host: the controller builds its wheels,
         and that host makes host_venv with HOST_PYTHON and installs them (the others share
         it). Untimed in the rounds; its wall time is returned."""
-        here = self.scratch / "install"
-        plan = here / "plan" / f"{PLAN_NAME}.yaml"
-        plan.parent.mkdir(parents=True)
-        plan.write_text(PLAN)
-        inventory = self.write_inventory(here / "hosts.yml", here / "homes")
-        argv = [ORCH, "fleet", "run", str(plan), "-i", str(inventory), "--install"]
-        argv += ["--canary", "0", "-l", self.names[0]]
+        _, _, argv = self.new_roll(self.scratch / "install")
+        argv += ["--install", "-l", self.names[0]]
         t0 = time.perf_counter()
         check(argv, "orch fleet run --install", cwd=self.scratch, env=self.env)
         return time.perf_counter() - t0
@@ -314,7 +321,7 @@ class Bench:
                 "tasks": [
                     {
                         "name": "the plan's commands",
-                        "ansible.builtin.command": {"argv": [*SHELL, "; ".join(COMMANDS)]},
+                        "ansible.builtin.command": {"argv": COMMAND_ARGV},
                         "changed_when": True,
                     }
                 ],
@@ -389,14 +396,8 @@ class Bench:
 
     def run_orch(self, extra: dict[str, str] | None = None) -> Run:
         self.orch_rounds += 1
-        here = self.scratch / f"orch{self.orch_rounds}"  # a new plan folder: a new record
-        plan = here / "plan" / f"{PLAN_NAME}.yaml"
-        plan.parent.mkdir(parents=True)
-        plan.write_text(PLAN)
-        homes = here / "homes"  # new homes: every host runs the plan, none finds it done
-        inventory = self.write_inventory(here / "hosts.yml", homes)
-        argv = [ORCH, "fleet", "run", str(plan), "-i", str(inventory)]
-        argv += ["--canary", "0", "--serial", str(self.serial)]
+        plan, homes, argv = self.new_roll(self.scratch / f"orch{self.orch_rounds}")
+        argv += ["--serial", str(self.serial)]
         with metered() as m:
             done = subprocess.run(
                 argv,
@@ -523,7 +524,7 @@ class Bench:
 
         cases: list[tuple[str, Callable[[], list[str]], Callable[[], str], dict[str, str]]] = [
             ("python -P -c pass", lambda: [host_python, "-P", "-c", "pass"], str, self.env),
-            ("bash command alone", lambda: [*SHELL, "; ".join(COMMANDS)], str, self.env),
+            ("bash command alone", lambda: COMMAND_ARGV, str, self.env),
             ("host command alone", host_command, host_stdin, self.env),
             ("ansible's command module alone", lambda: [HOST_PYTHON, module], str, self.env),
             ("the fixed parts alone", fixed_parts, str, self.env),
